@@ -1,0 +1,3 @@
+"""stagedyolo: a measured, staged YOLOv5 training pipeline."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,8 @@
+"""The engine adapter: the one place that knows how the packaged YOLOv5 v7.0 train.py behaves.
+
+- `offline`: the process environment that keeps yolov5/ultralytics from reaching the network.
+- `compat`: in-process shims for current numpy, Pillow and torch.
+- `plan`: a stage spec from config, resolved into everything one yolov5 run needs.
+- `hooks`: callbacks plugged into yolov5 (validation period, NaN guard, test-only fault injection).
+- `worker`: the entry point of the stage process (`python -m stagedyolo.engine.worker plan.json`).
+"""

@@ -1,0 +1,69 @@
+"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch, applied in the stage process only.
+
+Each shim restores an API the engine calls and a newer release removed; none changes behaviour otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def install() -> None:
+    _numpy_trapz()
+    _pillow_getsize()
+    _atomic_torch_save()
+
+
+def _numpy_trapz() -> None:
+    # numpy 2.4 removed np.trapz (yolov5 metrics.compute_ap); pyproject pins numpy<2.4, this covers a newer one.
+    import numpy as np
+
+    if not hasattr(np, "trapz"):
+        np.trapz = np.trapezoid
+
+
+def _pillow_getsize() -> None:
+    # Pillow 10 removed FreeTypeFont.getsize, used by yolov5's plot annotator.
+    from PIL import ImageFont
+
+    if not hasattr(ImageFont.FreeTypeFont, "getsize"):
+
+        def getsize(self, text, *args, **kwargs):
+            left, top, right, bottom = self.getbbox(text, *args, **kwargs)
+            return right - left, bottom - top
+
+        ImageFont.FreeTypeFont.getsize = getsize
+
+
+def _atomic_torch_save() -> None:
+    """yolov5 writes last.pt/best.pt with a plain torch.save: a kill mid-write leaves a corrupt checkpoint.
+
+    Saving to a temporary file in the same folder, fsync, then os.replace means a reader (or a resume) sees
+    either the previous complete file or the new complete one, never a torn one.
+    """
+    import torch
+
+    if getattr(torch.save, "_stagedyolo_atomic", False):
+        return
+    plain_save = torch.save
+
+    def atomic_save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):
+            return plain_save(obj, f, *args, **kwargs)
+        target = os.fspath(f)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=os.path.dirname(target) or ".")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                plain_save(obj, handle, *args, **kwargs)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    atomic_save._stagedyolo_atomic = True
+    atomic_save.plain_save = plain_save
+    torch.save = atomic_save

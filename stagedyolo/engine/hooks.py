@@ -1,0 +1,128 @@
+"""Plugins for yolov5's Callbacks: the seams through which the adapter changes engine behaviour without
+editing train.py. Each is an object whose method names match yolov5 hook names."""
+
+from __future__ import annotations
+
+import math
+import os
+
+NONFINITE_LOSS_HELP = (
+    "The training loss became {value} at iteration {ni} (epoch {epoch}) and the stage was stopped.\n"
+    "Usual causes: the learning rate is too high, or AMP (fp16) overflows on an older GPU.\n"
+    "Try: stages.{stage}.lr0: {lower_lr0:g} (a tenth of {lr0:g}), or stages.{stage}.amp: false."
+)
+
+
+def register(plugin, callbacks) -> None:
+    """Register every method of `plugin` named after a yolov5 hook (yolov5's own Loggers use the same rule)."""
+    for hook in callbacks._callbacks:
+        method = getattr(plugin, hook, None)
+        if callable(method):
+            callbacks.register_action(hook, name=f"stagedyolo.{type(plugin).__name__}", callback=method)
+
+
+class ValidationSchedule:
+    """Validate every `period` epochs (epochs period, 2*period, ... counted from 1) and on the final epoch.
+
+    yolov5 has no such option and its --noval is broken in 7.0.14, so the in-loop call to val.run is wrapped:
+    on a skipped epoch it returns NaN metrics instead of running. NaN fitness is never > or == best_fitness,
+    so best.pt is only ever taken from a validated epoch, and results.csv shows the skipped epochs as nan.
+    The post-training validation of best.pt (outside the epoch loop) always runs.
+    """
+
+    def __init__(self, period: int, epochs: int):
+        self.period, self.epochs = max(1, int(period)), int(epochs)
+        self.epoch = None  # set only between an epoch's end and its fit_epoch_end, i.e. in-loop validation
+        self.validated: list[int] = []
+
+    def should_validate(self, epoch: int) -> bool:
+        return (epoch + 1) % self.period == 0 or epoch + 1 == self.epochs
+
+    def on_train_epoch_end(self, epoch):
+        self.epoch = epoch
+
+    def on_fit_epoch_end(self, *args):
+        self.epoch = None
+
+    def wrap(self, run):
+        import numpy as np
+
+        def run_on_schedule(*args, **kwargs):
+            if self.epoch is None or self.should_validate(self.epoch):
+                if self.epoch is not None:
+                    self.validated.append(self.epoch)
+                return run(*args, **kwargs)
+            nc = int(getattr(kwargs.get("model"), "nc", 1))
+            skipped = np.full(nc, np.nan)
+            return (math.nan,) * 7, skipped, skipped.copy(), (0.0, 0.0, 0.0)
+
+        return run_on_schedule
+
+
+class NonFiniteLossGuard:
+    """Stops training within one iteration of the loss turning NaN/Inf, instead of burning hours on it.
+
+    yolov5's running mean loss stays non-finite once one batch is, so checking it each batch is enough; the
+    check reads values the progress bar already synchronised, so it adds no GPU sync.
+    """
+
+    def __init__(self, stage: str, lr0: float):
+        self.stage, self.lr0 = stage, lr0
+        self.message: str | None = None
+        self.callbacks = None
+        self.epoch = 0
+
+    def attach(self, callbacks) -> None:
+        self.callbacks = callbacks
+        register(self, callbacks)
+
+    def on_train_batch_end(self, model, ni, imgs, targets, paths, mloss):
+        values = [float(v) for v in mloss]
+        if all(math.isfinite(v) for v in values):
+            return
+        bad = next(v for v in values if not math.isfinite(v))
+        self.message = NONFINITE_LOSS_HELP.format(
+            value=bad, ni=ni, epoch=self.epoch, stage=self.stage, lr0=self.lr0, lower_lr0=self.lr0 / 10
+        )
+        self.callbacks.stop_training = True
+
+    def on_train_epoch_end(self, epoch):
+        self.epoch = epoch + 1
+
+
+class TestFaults:
+    """Faults injected on purpose, for tests only: they run only when STAGEDYOLO_TEST_FAULT is set.
+
+    - `nan@N`: poison the model's weights after iteration N, so the real loss turns NaN.
+    - `oom@attempt1`: raise CUDA's out-of-memory error at the first batch of attempt 1.
+    - `sleep@S`: sleep S seconds after every batch (keeps a stage running long enough to be killed).
+    """
+
+    ENV = "STAGEDYOLO_TEST_FAULT"
+
+    def __init__(self, spec: str, attempt: int):
+        self.kind, _, self.arg = spec.partition("@")
+        self.attempt = attempt
+
+    @classmethod
+    def from_env(cls, attempt: int):
+        spec = os.environ.get(cls.ENV)
+        return cls(spec, attempt) if spec else None
+
+    def on_train_batch_start(self):
+        if self.kind == "oom" and self.arg == f"attempt{self.attempt}":
+            import torch
+
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. (injected by STAGEDYOLO_TEST_FAULT)")
+
+    def on_train_batch_end(self, model, ni, imgs, targets, paths, mloss):
+        if self.kind == "nan" and ni == int(self.arg):
+            import torch
+
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.fill_(float("nan"))
+        elif self.kind == "sleep":
+            import time
+
+            time.sleep(float(self.arg))

@@ -1,0 +1,101 @@
+"""A stage spec (config data) resolved into a plan: everything one yolov5 run needs, as plain JSON.
+
+The plan is decided here, once, and written next to the stage's outputs (`stage.json`), so what ran is
+on record and Snakemake's params see exactly what changed between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+# Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
+STAGE_KEYS = (
+    "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
+    "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer",
+)  # fmt: skip
+
+# Smallest batch the out-of-memory retry halves down to.
+MIN_RETRY_BATCH = 2
+
+
+def yolov5_dir() -> Path:
+    """The installed yolov5 package folder, found without importing it (importing costs ~10 s)."""
+    spec = importlib.util.find_spec("yolov5")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the yolov5 package is not installed: pip install 'yolov5==7.0.14'")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def base_hyp() -> dict:
+    with open(yolov5_dir() / "data" / "hyps" / "hyp.scratch-low.yaml") as handle:
+        return yaml.safe_load(handle)
+
+
+def stage_hyp(lr0: float, overrides: dict) -> dict:
+    """A complete hyp dict (yolov5 raises KeyError on a partial one) for a stage's LR and overrides.
+
+    yolov5 starts the bias LR of every run at warmup_bias_lr (0.1) and lets it fall to lr0 over the warmup.
+    A low-LR stage would then train its biases at up to 0.1: the "low LR" would be a lie. So the warmup bias
+    LR never exceeds the stage's lr0, unless the stage sets warmup_bias_lr itself.
+    """
+    hyp = base_hyp()
+    unknown = sorted(set(overrides) - set(hyp))
+    if unknown:
+        raise ValueError(f"unknown hyp key(s) {unknown}: allowed are the keys of yolov5's hyp.scratch-low.yaml")
+    hyp["lr0"] = float(lr0)
+    hyp["warmup_bias_lr"] = min(float(hyp["warmup_bias_lr"]), float(lr0))
+    hyp.update(overrides)
+    return hyp
+
+
+def stage_names(config: dict) -> list[str]:
+    return list(config["stages"])
+
+
+def previous_stage(config: dict, stage: str) -> str | None:
+    names = stage_names(config)
+    index = names.index(stage)
+    return names[index - 1] if index else None
+
+
+def stage_spec(config: dict, stage: str) -> dict:
+    """The stage's settings: stage_defaults, overridden by what the stage names."""
+    if stage not in config["stages"]:
+        raise KeyError(f"unknown stage {stage!r}: config 'stages' has {stage_names(config)}")
+    spec = {key: config["stage_defaults"].get(key) for key in STAGE_KEYS}
+    spec.update(config["stages"][stage] or {})
+    spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
+    if spec["device"] is None:
+        spec["device"] = config["device"]
+    return spec
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_budget(threads: int, workers: int | str, probe_choice: dict | None = None) -> tuple[int, int]:
+    """(dataloader workers, torch threads) for a job granted `threads` cores, never more than the machine has.
+
+    Workers and torch's intra-op threads share the cores: oversubscribing them ran 5-7x slower on 2 cores.
+    `auto` workers take the probe's measured choice, else leave one core to compute.
+    """
+    threads = max(1, min(int(threads), available_cores()))
+    if workers == "auto":
+        workers = (probe_choice or {}).get("workers", min(2, threads - 1))
+    workers = max(0, int(workers))
+    return workers, max(1, threads - workers)
+
+
+def spec_digest(plan: dict) -> str:
+    """A short hash of what decides a stage's result, used to know whether a checkpoint can be resumed."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]

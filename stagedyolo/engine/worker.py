@@ -1,0 +1,158 @@
+"""The stage process: `python -m stagedyolo.engine.worker <plan.json>` runs one yolov5 training run.
+
+It runs in a process of its own (yolov5 keeps global state: RANK at import, a shared default Callbacks, the
+caller's sys.argv) and writes `outcome.json` next to the plan, which the supervisor reads to tell an
+out-of-memory failure (retried at half batch) from a NaN stop or any other failure (not retried).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from stagedyolo.engine import compat
+from stagedyolo.engine.hooks import NonFiniteLossGuard, TestFaults, ValidationSchedule, register
+
+EXIT_OOM = 75  # EX_TEMPFAIL: worth retrying with a smaller batch
+EXIT_NONFINITE = 76
+
+
+def main(plan_path: str) -> int:
+    process_start = time.time()
+    plan = json.loads(Path(plan_path).read_text())
+    work_dir = Path(plan["work_dir"])
+    compat.install()
+    # yolov5 7.0 calls torch.cuda.amp.autocast(...) every batch; its deprecation warning would flood the log.
+    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
+
+    import torch
+
+    torch.set_num_threads(plan["torch_threads"])
+    from yolov5 import train
+    from yolov5.utils.callbacks import Callbacks
+
+    device = resolve_device(plan["device"], torch.cuda.is_available())
+    amp, amp_reason = decide_amp(plan["amp"], device)
+    # yolov5's check_amp may fetch yolov5n.pt and silently turns AMP off when it fails: the plan decides.
+    train.check_amp = lambda model: amp
+
+    callbacks = Callbacks()  # never yolov5's shared default instance
+    schedule = ValidationSchedule(plan["val_period"], plan["epochs"])
+    train.validate.run = schedule.wrap(train.validate.run)
+    register(schedule, callbacks)
+    guard = NonFiniteLossGuard(plan["stage"], plan["hyp"]["lr0"])
+    guard.attach(callbacks)
+    faults = TestFaults.from_env(plan["attempt"])
+    if faults:
+        register(faults, callbacks)
+    timer = _stage_timer(device, process_start)
+    if timer:
+        timer.register(callbacks)
+
+    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0"}
+    try:
+        train.main(build_opt(train, plan, device), callbacks)
+        if guard.message:
+            outcome.update(status="nonfinite", message=guard.message)
+    except torch.cuda.OutOfMemoryError as error:
+        outcome.update(status="oom", message=str(error).splitlines()[0])
+    except BaseException as error:  # recorded for the supervisor, then re-raised with its traceback
+        outcome.update(status="error", message=f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        outcome["validated_epochs"] = schedule.validated
+        _write_json(work_dir / "outcome.json", outcome)
+        if timer:
+            timer.write_raw(work_dir / "timing_raw.json")
+    if outcome["status"] == "oom":
+        print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
+        return EXIT_OOM
+    if outcome["status"] == "nonfinite":
+        print(f"stagedyolo: {guard.message}", file=sys.stderr)
+        return EXIT_NONFINITE
+    return 0
+
+
+def resolve_device(device: str, cuda_available: bool) -> str:
+    """The yolov5 --device string: '' (first CUDA device), 'cpu', or CUDA indices such as '0,1'."""
+    device = str(device).strip().lower()
+    if device == "auto":
+        return "" if cuda_available else "cpu"
+    if device == "cuda":
+        return "0"
+    return device
+
+
+def decide_amp(setting, device: str) -> tuple[bool, str]:
+    on_cuda = device != "cpu"
+    if setting == "auto":
+        return on_cuda, "auto: on with CUDA" if on_cuda else "auto: off on CPU (AMP needs CUDA)"
+    if setting and not on_cuda:
+        return False, "amp: true asked, but the stage runs on the CPU, where yolov5's AMP does not apply"
+    return bool(setting), f"amp: {str(bool(setting)).lower()} from config"
+
+
+def build_opt(train, plan: dict, device: str):
+    """yolov5's argparse options for this plan. parse_opt reads the caller's sys.argv, so it is emptied."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        opt = train.parse_opt(known=True)
+    finally:
+        sys.argv = argv
+    work_dir = Path(plan["work_dir"])
+    if plan.get("resume_from"):
+        # resume reloads the interrupted run's opt.yaml (same plan: the supervisor checked its digest).
+        opt.resume = plan["resume_from"]
+        return opt
+    hyp_path = work_dir / "stage_hyp.yaml"
+    import yaml
+
+    hyp_path.write_text(yaml.safe_dump(plan["hyp"], sort_keys=False))
+    opt.data = plan["data"]
+    opt.weights = plan["weights"] or ""  # absolute or '': a relative path goes to the HF hub first
+    opt.cfg = "" if plan["weights"] else plan["cfg"]  # a checkpoint carries its own model yaml
+    opt.hyp = str(hyp_path)
+    opt.epochs = plan["epochs"]
+    opt.batch_size = plan["batch"]
+    opt.imgsz = plan["img"]
+    opt.device = device
+    opt.workers = plan["workers"]
+    opt.project, opt.name, opt.exist_ok = str(work_dir.parent), work_dir.name, True
+    opt.freeze = [plan["freeze"]]
+    opt.cache = plan["cache"]
+    opt.noplots = not plan["plots"]
+    opt.sync_bn = plan["sync_bn"]
+    opt.optimizer = plan.get("optimizer", "SGD")
+    opt.seed = plan.get("seed", 0)
+    # Early stopping would end training on an epoch val_period skipped; patience 0 means "never" in yolov5.
+    opt.patience = 0
+    return opt
+
+
+def _stage_timer(device: str, process_start: float):
+    try:
+        from stagedyolo.telemetry import StageTimer
+    except ImportError:  # telemetry is optional for the engine itself
+        return None
+    return StageTimer(cuda=device != "cpu", process_start=process_start)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1]))
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)

@@ -1,0 +1,209 @@
+"""The stage supervisor: plans one training stage, runs the engine's worker process, and publishes the result.
+
+Layout for a stage S of run R:
+- `R/work/S/`: yolov5's own run folder. Not a Snakemake output, so Snakemake's clean-up of a failed or killed
+  job never deletes the checkpoint a rerun resumes from.
+- `R/stages/S/`: the published outputs (weights, results.csv, TensorBoard events, stage.json, timing.json),
+  written only when the stage succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stagedyolo.engine.offline import engine_environment
+from stagedyolo.engine.plan import MIN_RETRY_BATCH, cpu_budget, spec_digest, stage_hyp, stage_spec
+from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
+
+# Plan keys that may differ between a killed run and its resumption without changing what is trained.
+RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads")
+
+
+class StageFailed(RuntimeError):
+    """A stage failed; the message says why and what to change."""
+
+
+def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
+               work_dir: Path, probe_choice: dict | None = None) -> dict:  # fmt: skip
+    """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
+    with at most one slash to the Hugging Face hub, even when the file exists."""
+    probe_choice = probe_choice or {}
+    workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
+    cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
+    return {
+        "stage": stage,
+        "data": str(Path(data).resolve()),
+        "weights": str(Path(weights).resolve()) if weights else "",
+        "cfg": cfg,
+        "epochs": spec["epochs"],
+        "img": spec["img"],
+        "batch": int(probe_choice.get("batch", 16) if spec["batch"] == "auto" else spec["batch"]),
+        "workers": workers,
+        "torch_threads": torch_threads,
+        "freeze": spec["freeze"],
+        "optimizer": spec["optimizer"],
+        "hyp": stage_hyp(spec["lr0"], spec["hyp"]),
+        "cache": None if cache == "none" else cache,
+        "amp": probe_choice.get("amp", "auto") if spec["amp"] == "auto" else spec["amp"],
+        "device": str(spec["device"]),
+        "val_period": spec["val_period"],
+        "gpus": spec["gpus"],
+        "sync_bn": spec["sync_bn"],
+        "plots": spec["plots"],
+        "seed": 0,
+        "work_dir": str(Path(work_dir).resolve()),
+    }
+
+
+def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, weights: list[str], probe: list[str],
+                timing_path: str, threads: int, attempt: int, log_path: str) -> dict:  # fmt: skip
+    """The train_stage rule: plan the stage from config, run it, publish it into timing_path's folder.
+
+    Folders are derived from the output path (R/stages/S/timing.json), so a Snakemake module's prefix applies.
+    """
+    stage_dir = Path(timing_path).parent
+    run_dir = stage_dir.parent.parent
+    plan = build_plan(
+        stage_spec(config, stage),
+        stage=stage,
+        data=data,
+        weights=weights[0] if weights else None,
+        cfg=config["model"]["cfg"],
+        cache_mode=_read_json(Path(cache_decision))["mode"],
+        threads=threads,
+        work_dir=Path(run_dir) / "work" / stage,
+        probe_choice=_read_json(Path(probe[0])).get("choice") if probe else None,
+    )
+    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path,
+                     engine_home=Path(run_dir) / "engine", telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+
+
+def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
+              telemetry_interval: float = 1.0) -> dict:  # fmt: skip
+    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed."""
+    work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
+    attempts = _load_attempts(work_dir, plan)
+    plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
+    if attempt > 1 and attempts and attempts[-1]["status"] != "oom":
+        raise StageFailed(
+            f"stage {plan['stage']}: not retrying, attempt {attempt - 1} failed with "
+            f"{attempts[-1]['status']} ({attempts[-1].get('message', '')}); only out-of-memory failures are retried."
+        )
+    plan["resume_from"] = _prepare_work_dir(work_dir, plan)
+
+    env = engine_environment(engine_home)
+    env["OMP_NUM_THREADS"] = str(plan["torch_threads"])
+    started = time.time()
+    with open(log_path, "a") as log:
+        log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
+                  f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
+        log.flush()
+        returncode = _launch(plan, env, log, work_dir, telemetry_interval)
+    wall = time.time() - started
+    outcome = _read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
+    if returncode == EXIT_OOM:
+        outcome["status"] = "oom"
+    elif returncode == EXIT_NONFINITE:
+        outcome["status"] = "nonfinite"
+    elif returncode != 0 and outcome.get("status") == "ok":
+        outcome = {**outcome, "status": "error", "message": f"worker exited {returncode}"}
+    attempts.append({"attempt": attempt, "batch": plan["batch"], "status": outcome["status"], "wall_s": round(wall, 3),
+                     "resumed_from": plan["resume_from"] or None, "message": outcome.get("message")})  # fmt: skip
+    _write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
+    if outcome["status"] != "ok":
+        raise StageFailed(_failure_message(plan, outcome, log_path))
+    publish(work_dir, stage_dir, plan, outcome, attempts, wall)
+    return outcome
+
+
+def retry_batch(batch: int, attempts: list[dict]) -> int:
+    """Half the batch for every out-of-memory failure so far, never below MIN_RETRY_BATCH."""
+    ooms = sum(1 for a in attempts if a["status"] == "oom")
+    return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
+
+
+def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float) -> None:
+    """Copy the finished run's artefacts into the stage's output folder, then drop the work folder."""
+    (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
+    for name in ("last.pt", "best.pt"):
+        if (work_dir / "weights" / name).exists():
+            shutil.copy2(work_dir / "weights" / name, stage_dir / "weights" / name)
+    for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
+                 *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
+        if path.exists():
+            shutil.copy2(path, stage_dir / path.name)
+    record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
+              "validated_epochs": outcome.get("validated_epochs"), "attempts": attempts}  # fmt: skip
+    _write_json(stage_dir / "stage.json", record)
+    from stagedyolo.timing import write_stage_timing
+
+    write_stage_timing(work_dir, stage_dir, record, wall)
+    shutil.rmtree(work_dir)
+
+
+def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> int:
+    plan_path = work_dir / "plan.json"
+    _write_json(plan_path, plan)
+    argv = [sys.executable, "-m", "stagedyolo.engine.worker", str(plan_path)]
+    child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def _prepare_work_dir(work_dir: Path, plan: dict) -> str | None:
+    """Return the checkpoint to resume from, or start from a clean folder.
+
+    A checkpoint is resumed only when it was written by the same plan (the digest leaves out what may change
+    between tries) and the run did not finish: yolov5's --exist-ok into an old folder would append to its
+    results.csv and add a second TensorBoard file, so anything else is wiped.
+    """
+    last = work_dir / "weights" / "last.pt"
+    previous = _read_json(work_dir / "attempts.json") or {}
+    if last.exists() and previous.get("digest") == _digest(plan) and previous["attempts"][-1]["status"] != "oom":
+        (work_dir / "outcome.json").unlink(missing_ok=True)
+        return str(last)
+    keep = _read_json(work_dir / "attempts.json") if previous.get("digest") == _digest(plan) else None
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    if keep:
+        _write_json(work_dir / "attempts.json", keep)
+    return None
+
+
+def _load_attempts(work_dir: Path, plan: dict) -> list[dict]:
+    previous = _read_json(work_dir / "attempts.json") or {}
+    return list(previous.get("attempts", [])) if previous.get("digest") == _digest(plan) else []
+
+
+def _digest(plan: dict) -> str:
+    return spec_digest({k: v for k, v in plan.items() if k not in RUNTIME_KEYS and k != "batch"})
+
+
+def _failure_message(plan: dict, outcome: dict, log_path) -> str:
+    head = f"stage {plan['stage']} failed ({outcome['status']}): {outcome.get('message', '')}"
+    if outcome["status"] == "oom":
+        head += f"\nIt ran out of memory at batch {plan['batch']}; Snakemake's retry runs it at half that batch."
+    return f"{head}\nFull log: {log_path}"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)

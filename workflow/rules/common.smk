@@ -1,0 +1,88 @@
+# Helpers: every decision the rules need is a named get_* function; the logic lives in the stagedyolo package.
+import json
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from stagedyolo.config import check_config
+from stagedyolo.engine.plan import previous_stage, stage_names, stage_spec
+
+validate(config, schema="../schemas/config.schema.yaml")
+check_config(config, workflow.basedir)
+
+RUN = f"{config['results_dir']}/{config['run']}"
+
+
+def get_final_outputs():
+    return [f"{RUN}/report/report.md"]
+
+
+def get_stage_names():
+    return stage_names(config)
+
+
+def get_source_data_yaml():
+    """The user's data.yaml, or the demo's (built by the demo_dataset rule)."""
+    if config["dataset"] == "demo":
+        return f"{RUN}/demo/target/data.yaml"
+    return config["dataset"]
+
+
+def get_cache_dir():
+    return config["cache"]["dir"] or f"{RUN}/cache"
+
+
+def get_model_weights():
+    """The pretrained checkpoint stages with start_from: model begin from; None means train from model.cfg."""
+    weights = config["model"]["weights"]
+    if weights == "demo":
+        return f"{RUN}/demo/pretrained.pt"
+    return weights
+
+
+def get_probe_output():
+    return [f"{RUN}/probe/tuning.json"] if config["probe"]["enabled"] else []
+
+
+def get_stage_weights(wildcards):
+    """The checkpoint a stage starts from: the previous stage's last.pt, or the model's weights."""
+    spec = stage_spec(config, wildcards.stage)
+    previous = previous_stage(config, wildcards.stage)
+    if spec["start_from"] == "previous" and previous:
+        return [f"{RUN}/stages/{previous}/weights/last.pt"]
+    weights = get_model_weights()
+    return [weights] if weights else []
+
+
+def get_stage_gate(wildcards):
+    """Each stage waits for the one before it, even one it takes no weights from (smoke gates frozen)."""
+    previous = previous_stage(config, wildcards.stage)
+    return [f"{RUN}/stages/{previous}/timing.json"] if previous else []
+
+
+def get_stage_params(wildcards):
+    """What decides a stage's result; Snakemake reruns the stage when this changes."""
+    return stage_spec(config, wildcards.stage)
+
+
+def get_stage_gpus(wildcards):
+    return stage_spec(config, wildcards.stage)["gpus"]
+
+
+def get_stage_outputs(stage):
+    folder = f"{RUN}/stages/{stage}"
+    return {
+        "last": f"{folder}/weights/last.pt",
+        "results": f"{folder}/results.csv",
+        "timing": f"{folder}/timing.json",
+        "plan": f"{folder}/stage.json",
+    }
+
+
+def get_max_stage_img():
+    """The largest training image size of any stage: what a RAM cache must hold."""
+    return max(stage_spec(config, stage)["img"] for stage in get_stage_names())
+
+
+def get_stage_dirs():
+    return {stage: f"{RUN}/stages/{stage}" for stage in get_stage_names()}

@@ -1,0 +1,36 @@
+# The user's dataset is only ever read: training uses a validated working copy under cache.dir.
+
+
+rule prepare_dataset:
+    input:
+        source=get_source_data_yaml(),
+        env=rules.verify_env.output.json,
+    output:
+        data=f"{RUN}/data/data.yaml",
+        report_json=f"{RUN}/data/dataset_report.json",
+        report_md=f"{RUN}/data/dataset_report.md",
+    params:
+        cache_dir=get_cache_dir(),
+        checks=config["dataset_checks"],
+    conda:
+        "../../envs/stagedyolo.yaml"
+    log:
+        f"{RUN}/logs/prepare_dataset.log",
+    script:
+        "../scripts/prepare_dataset.py"
+
+
+rule cache_dataset:
+    input:
+        data=rules.prepare_dataset.output.data,
+    output:
+        decision=f"{RUN}/data/cache.json",
+    params:
+        cache=config["cache"],
+        max_img=get_max_stage_img(),
+    conda:
+        "../../envs/stagedyolo.yaml"
+    log:
+        f"{RUN}/logs/cache_dataset.log",
+    script:
+        "../scripts/cache_dataset.py"

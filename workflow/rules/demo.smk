@@ -1,0 +1,36 @@
+# The built-in demo: synthetic data, and pretrained weights made on a separate generic set (no download).
+
+
+rule demo_dataset:
+    output:
+        target=f"{RUN}/demo/target/data.yaml",
+        pretrain=f"{RUN}/demo/pretrain/data.yaml",
+    params:
+        demo=config["demo"],
+    conda:
+        "../../envs/stagedyolo.yaml"
+    log:
+        f"{RUN}/logs/demo_dataset.log",
+    script:
+        "../scripts/demo_dataset.py"
+
+
+rule demo_pretrain:
+    input:
+        data=rules.demo_dataset.output.pretrain,
+        env=rules.verify_env.output.json,
+    output:
+        weights=f"{RUN}/demo/pretrained.pt",
+    params:
+        pretrain=config["demo"]["pretrain"],
+        cfg=config["model"]["cfg"],
+        device=config["device"],
+    conda:
+        "../../envs/stagedyolo.yaml"
+    log:
+        f"{RUN}/logs/demo_pretrain.log",
+    threads: workflow.cores
+    resources:
+        gpu=1,
+    script:
+        "../scripts/demo_pretrain.py"

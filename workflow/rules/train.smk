@@ -1,0 +1,30 @@
+# One rule for every training stage: stages are data (config "stages"), run in their config order.
+
+
+rule train_stage:
+    input:
+        data=rules.prepare_dataset.output.data,
+        cache=rules.cache_dataset.output.decision,
+        env=rules.verify_env.output.json,
+        probe=get_probe_output(),
+        weights=get_stage_weights,
+        gate=get_stage_gate,
+    output:
+        **get_stage_outputs("{stage}"),
+    params:
+        spec=get_stage_params,
+    conda:
+        "../../envs/stagedyolo.yaml"
+    log:
+        f"{RUN}/logs/stages/{{stage}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/stages/{{stage}}.tsv"
+    threads: workflow.cores
+    resources:
+        gpu=get_stage_gpus,
+    # Only out-of-memory failures are worth a retry (at half the batch); the script fails other retries at once.
+    retries: 2
+    wildcard_constraints:
+        stage="|".join(get_stage_names()),
+    script:
+        "../scripts/train_stage.py"

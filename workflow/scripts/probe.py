@@ -1,0 +1,15 @@
+from stagedyolo.probe import probe_for_rule
+
+probe_for_rule(
+    snakemake.input.data,
+    cache_decision=snakemake.input.cache,
+    weights=list(snakemake.input.weights),
+    tuning_out=snakemake.output.tuning,
+    settings=snakemake.params.probe,
+    stage_defaults=snakemake.params.stage_defaults,
+    cfg=snakemake.params.cfg,
+    device=snakemake.params.device,
+    img=snakemake.params.img,
+    threads=snakemake.threads,
+    log_path=snakemake.log[0],
+)
