@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw
 
 TARGET_CLASSES = ("circle", "square", "triangle")
 PRETRAIN_CLASSES = ("ring", "cross", "diamond", "bar", "star")
@@ -28,7 +28,7 @@ class DemoSpec:
     train_images: int
     val_images: int
     image_size: int = 160
-    max_objects: int = 4
+    max_objects: int = 6
     seed: int = 0
 
 
@@ -69,17 +69,18 @@ def write_demo(root: str | Path, train_images: int = 256, val_images: int = 64, 
 
 
 def _background(rng: random.Random, size: int) -> Image.Image:
-    # Smooth colour noise plus a few random lines: enough texture that shapes are not found by colour alone.
+    # Muted, smooth texture plus a few thin lines: clutter to tell shapes from, without drowning them.
     nrng = np.random.default_rng(rng.randrange(2**32))
-    coarse = nrng.integers(40, 215, size=(6, 6, 3), dtype=np.uint8)
-    image = Image.fromarray(coarse).resize((size, size), Image.BICUBIC)
-    fine = nrng.normal(0, 12, size=(size, size, 3))
+    base = nrng.integers(90, 170, size=3)
+    coarse = base + nrng.integers(-35, 36, size=(5, 5, 3))
+    image = Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize((size, size), Image.BICUBIC)
+    fine = nrng.normal(0, 8, size=(size, size, 3))
     image = Image.fromarray(np.clip(np.asarray(image, dtype=np.float32) + fine, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(image)
-    for _ in range(rng.randint(2, 6)):
+    for _ in range(rng.randint(0, 3)):
         xy = [rng.randrange(size) for _ in range(4)]
-        draw.line(xy, fill=_colour(rng), width=rng.randint(1, 2))
-    return image.filter(ImageFilter.SMOOTH)
+        draw.line(xy, fill=tuple(int(c) for c in base + nrng.integers(-60, 61, size=3)), width=1)
+    return image
 
 
 def _colour(rng: random.Random) -> tuple[int, int, int]:

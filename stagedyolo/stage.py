@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import MIN_RETRY_BATCH, cpu_budget, spec_digest, stage_hyp, stage_spec
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
+from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
 RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads")
@@ -104,9 +106,10 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
                   f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
         log.flush()
-        returncode = _launch(plan, env, log, work_dir, telemetry_interval)
+        returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval)
     wall = time.time() - started
     outcome = _read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
+    outcome["sampler"] = sampler_info
     if returncode == EXIT_OOM:
         outcome["status"] = "oom"
     elif returncode == EXIT_NONFINITE:
@@ -118,7 +121,10 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
     _write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
-    publish(work_dir, stage_dir, plan, outcome, attempts, wall)
+    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall)
+    with open(log_path, "a") as log:
+        log.write(verdict + "\n")
+    print(verdict, file=sys.stderr)
     return outcome
 
 
@@ -128,8 +134,9 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
     return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
 
 
-def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float) -> None:
-    """Copy the finished run's artefacts into the stage's output folder, then drop the work folder."""
+def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float) -> str:
+    """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
+    then drop the work folder. Returns the stage's one-line verdict."""
     (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
     for name in ("last.pt", "best.pt"):
         if (work_dir / "weights" / name).exists():
@@ -141,19 +148,36 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "attempts": attempts}  # fmt: skip
     _write_json(stage_dir / "stage.json", record)
-    from stagedyolo.timing import write_stage_timing
-
-    write_stage_timing(work_dir, stage_dir, record, wall)
+    if (work_dir / "telemetry.csv").exists():
+        shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
+    timing = build_timing(
+        _read_json(work_dir / "timing_raw.json"),
+        telemetry_csv=stage_dir / "telemetry.csv",
+        wall_s=wall,
+        meta={
+            "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
+            "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
+            "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
+            **outcome.get("sampler", {}),
+        },
+    )  # fmt: skip
+    write_timing(stage_dir, timing)
+    findings = diagnose(timing)
+    write_diagnosis(stage_dir, findings)
     shutil.rmtree(work_dir)
+    return verdict_line(plan["stage"], findings)
 
 
-def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> int:
+def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
+    """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     _write_json(plan_path, plan)
     argv = [sys.executable, "-m", "stagedyolo.engine.worker", str(plan_path)]
     child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        return child.wait()
+        with Sampler(work_dir / "telemetry.csv", interval_s=telemetry_interval, root_pid=child.pid) as sampler:
+            returncode = child.wait()
+        return returncode, sampler.info()
     finally:
         if child.poll() is None:
             child.kill()

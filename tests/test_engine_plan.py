@@ -1,0 +1,38 @@
+import pytest
+import yaml
+
+from stagedyolo.engine.plan import base_hyp, cpu_budget, previous_stage, stage_hyp, stage_spec
+
+CONFIG = yaml.safe_load(open("config/config.yaml"))
+
+
+def test_stage_spec_merges_defaults_with_the_stage():
+    spec = stage_spec(CONFIG, "finetune")
+    assert spec["lr0"] == CONFIG["stages"]["finetune"]["lr0"]
+    assert spec["img"] == CONFIG["stage_defaults"]["img"]
+    assert spec["device"] == CONFIG["device"]  # null stage device falls back to the top-level one
+    assert previous_stage(CONFIG, "finetune") == "frozen"
+    assert previous_stage(CONFIG, "smoke") is None
+
+
+def test_stage_hyp_is_complete_and_keeps_the_bias_warmup_at_the_low_lr():
+    hyp = stage_hyp(1e-4, {"mosaic": 0.5})
+    assert set(hyp) == set(base_hyp())  # yolov5 raises KeyError on a partial hyp file
+    assert hyp["lr0"] == 1e-4 and hyp["warmup_bias_lr"] == 1e-4 and hyp["mosaic"] == 0.5
+    assert stage_hyp(0.01, {})["warmup_bias_lr"] == 0.01
+    assert stage_hyp(1e-4, {"warmup_bias_lr": 0.05})["warmup_bias_lr"] == 0.05  # explicit wins
+
+
+def test_stage_hyp_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="lr_zero"):
+        stage_hyp(0.01, {"lr_zero": 0.1})
+
+
+@pytest.mark.parametrize(
+    ("threads", "workers", "probe", "expected"),
+    [(2, "auto", None, (1, 1)), (2, 0, None, (0, 2)), (2, "auto", {"workers": 0}, (0, 2)), (1, "auto", None, (0, 1))],
+)
+def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monkeypatch):
+    monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 2)
+    assert cpu_budget(threads, workers, probe) == expected
+    assert cpu_budget(64, 1, None) == (1, 1)  # capped at the machine's 2 cores
