@@ -15,6 +15,61 @@ class ConfigError(ValueError):
     pass
 
 
+def coerce_cli_strings(config: dict, schema: dict) -> dict:
+    """Give values from `snakemake --config` the type the schema asks for.
+
+    Snakemake parses a nested --config value (`stages={finetune: {epochs: 3}}`) with YAML's BaseLoader, so
+    every leaf arrives as a string ("3"). A string where the schema does not allow one is read as YAML; a
+    string where the schema allows strings is left alone (a run named "001" stays "001").
+    """
+    return _coerce(config, schema, schema)
+
+
+def _coerce(value, node: dict, root: dict):
+    node = _resolve(node, root)
+    if isinstance(value, dict):
+        properties = node.get("properties", {})
+        extra = node.get("additionalProperties")
+        return {k: _coerce(v, properties.get(k, extra if isinstance(extra, dict) else {}), root)
+                for k, v in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_coerce(v, node.get("items", {}), root) for v in value]
+    if isinstance(value, str) and node and not _allows_string(node, root):
+        import yaml
+
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def _resolve(node: dict, root: dict) -> dict:
+    """Follow $ref and merge allOf, enough for this project's schema."""
+    if "$ref" in node:
+        target = root
+        for part in node["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        node = {**_resolve(target, root), **{k: v for k, v in node.items() if k != "$ref"}}
+    for sub in node.get("allOf", []):
+        resolved = _resolve(sub, root)
+        node = {**resolved, **node, "properties": {**resolved.get("properties", {}), **node.get("properties", {})}}
+    return node
+
+
+def _allows_string(node: dict, root: dict) -> bool:
+    kinds = node.get("type")
+    if kinds is not None:
+        return "string" in (kinds if isinstance(kinds, list) else [kinds])
+    if "enum" in node:
+        return all(isinstance(v, str) for v in node["enum"])
+    if "const" in node:
+        return isinstance(node["const"], str)
+    if "oneOf" in node:
+        return any(_allows_string(_resolve(sub, root), root) for sub in node["oneOf"])
+    return True
+
+
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
     problems = [*_check_dataset(config, workdir), *_check_model(config, workdir)]

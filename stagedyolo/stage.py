@@ -21,6 +21,7 @@ from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import MIN_RETRY_BATCH, cpu_budget, spec_digest, stage_hyp, stage_spec
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
+from stagedyolo.launch import build_stage_command, run_supervised
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
@@ -172,34 +173,41 @@ def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: floa
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     _write_json(plan_path, plan)
-    argv = [sys.executable, "-m", "stagedyolo.engine.worker", str(plan_path)]
-    child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
+    argv, env = build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
+                                    stage=plan["stage"])  # fmt: skip
+    samplers = []
+
+    def start_sampler(pid: int) -> None:  # samples the worker's whole process tree, ranks and loaders included
+        samplers.append(Sampler(work_dir / "telemetry.csv", interval_s=telemetry_interval, root_pid=pid).start())
+
     try:
-        with Sampler(work_dir / "telemetry.csv", interval_s=telemetry_interval, root_pid=child.pid) as sampler:
-            returncode = child.wait()
-        return returncode, sampler.info()
+        # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
+        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
     finally:
-        if child.poll() is None:
-            child.kill()
+        for sampler in samplers:
+            sampler.stop()
+    return returncode, samplers[0].info() if samplers else {}
 
 
 def _prepare_work_dir(work_dir: Path, plan: dict) -> str | None:
     """Return the checkpoint to resume from, or start from a clean folder.
 
-    A checkpoint is resumed only when it was written by the same plan (the digest leaves out what may change
-    between tries) and the run did not finish: yolov5's --exist-ok into an old folder would append to its
-    results.csv and add a second TensorBoard file, so anything else is wiped.
+    A checkpoint is resumed only when the interrupted run had the same plan, batch included (the digest leaves
+    out only what may change between tries, like the thread count). Anything else is wiped: yolov5's
+    --exist-ok into an old folder would append to its results.csv and add a second TensorBoard file. The
+    attempt history survives a wipe, so out-of-memory retries keep halving the batch.
     """
     last = work_dir / "weights" / "last.pt"
-    previous = _read_json(work_dir / "attempts.json") or {}
-    if last.exists() and previous.get("digest") == _digest(plan) and previous["attempts"][-1]["status"] != "oom":
+    interrupted = _read_json(work_dir / "plan.json")
+    if interrupted and last.exists() and _digest(interrupted) == _digest(plan) and interrupted["batch"] == plan["batch"]:
         (work_dir / "outcome.json").unlink(missing_ok=True)
         return str(last)
-    keep = _read_json(work_dir / "attempts.json") if previous.get("digest") == _digest(plan) else None
+    history = _read_json(work_dir / "attempts.json")
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
-    if keep:
-        _write_json(work_dir / "attempts.json", keep)
+    if history and history.get("digest") == _digest(plan):
+        _write_json(work_dir / "attempts.json", history)
     return None
 
 

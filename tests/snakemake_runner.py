@@ -21,11 +21,17 @@ def make_workdir(tmp: Path, *configs: str | Path) -> Path:
     return tmp
 
 
-def snakemake(workdir: Path, *args: str, configfiles=(), timeout: int = 900, check: bool = True):
+def snakemake(workdir: Path, *args: str, configfiles=(), timeout: int = 900, check: bool = True, net_log=None,
+              env: dict | None = None):  # fmt: skip
+    """Run snakemake on the repo's Snakefile in `workdir`. With `net_log`, every Python process it starts records
+    its network attempts there (tests/netguard/sitecustomize.py)."""
     argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]
     if configfiles:
         argv += ["--configfile", *map(str, configfiles)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if net_log:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "netguard"), env.get("PYTHONPATH", "")])
+        env["STAGEDYOLO_NET_LOG"] = str(net_log)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"

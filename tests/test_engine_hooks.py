@@ -46,7 +46,7 @@ def test_nonfinite_guard_stops_training_with_the_documented_message():
 
 
 @pytest.mark.parametrize(
-    ("device", "cuda", "expected"), [("auto", False, "cpu"), ("auto", True, ""), ("cuda", True, "0"), ("0,1", True, "0,1")]
+    ("device", "cuda", "expected"), [("auto", False, "cpu"), ("auto", True, ""), ("cuda", True, ""), ("0,1", True, "0,1")]
 )
 def test_resolve_device(device, cuda, expected):
     assert resolve_device(device, cuda) == expected

@@ -17,6 +17,11 @@ from pathlib import Path
 
 from stagedyolo.engine import compat
 from stagedyolo.engine.hooks import NonFiniteLossGuard, TestFaults, ValidationSchedule, register
+from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
+from stagedyolo.telemetry import StageTimer
+
+# yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
+REPORTING_RANK = int(os.environ.get("RANK", -1)) in (-1, 0)
 
 EXIT_OOM = 75  # EX_TEMPFAIL: worth retrying with a smaller batch
 EXIT_NONFINITE = 76
@@ -24,6 +29,7 @@ EXIT_NONFINITE = 76
 
 def main(plan_path: str) -> int:
     process_start = time.time()
+    exit_when_parent_dies()  # a SIGKILLed supervisor must not leave this stage training on its own
     plan = json.loads(Path(plan_path).read_text())
     work_dir = Path(plan["work_dir"])
     compat.install()
@@ -33,6 +39,7 @@ def main(plan_path: str) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
+    bound_init_process_group_timeout()  # DDP: a dead rank fails the others within minutes, not yolov5's 3 h
     from yolov5 import train
     from yolov5.utils.callbacks import Callbacks
 
@@ -50,9 +57,8 @@ def main(plan_path: str) -> int:
     faults = TestFaults.from_env(plan["attempt"])
     if faults:
         register(faults, callbacks)
-    timer = _stage_timer(device, process_start)
-    if timer:
-        timer.register(callbacks)
+    timer = StageTimer(cuda=device != "cpu", process_start=process_start)
+    timer.register(callbacks)
 
     outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0"}
     try:
@@ -65,9 +71,9 @@ def main(plan_path: str) -> int:
         outcome.update(status="error", message=f"{type(error).__name__}: {error}")
         raise
     finally:
-        outcome["validated_epochs"] = schedule.validated
-        _write_json(work_dir / "outcome.json", outcome)
-        if timer:
+        if REPORTING_RANK:
+            outcome["validated_epochs"] = schedule.validated
+            _write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
         print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
@@ -84,7 +90,8 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     if device == "auto":
         return "" if cuda_available else "cpu"
     if device == "cuda":
-        return "0"
+        # Not "0": yolov5 writes --device into CUDA_VISIBLE_DEVICES, which would override the scheduler's choice.
+        return ""
     return device
 
 
@@ -132,14 +139,6 @@ def build_opt(train, plan: dict, device: str):
     # Early stopping would end training on an epoch val_period skipped; patience 0 means "never" in yolov5.
     opt.patience = 0
     return opt
-
-
-def _stage_timer(device: str, process_start: float):
-    try:
-        from stagedyolo.telemetry import StageTimer
-    except ImportError:  # telemetry is optional for the engine itself
-        return None
-    return StageTimer(cuda=device != "cpu", process_start=process_start)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -4,17 +4,21 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from stagedyolo.config import check_config
+import yaml
+
+from stagedyolo.config import check_config, coerce_cli_strings
 from stagedyolo.engine.plan import previous_stage, stage_names, stage_spec
 
+CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
+config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
 validate(config, schema="../schemas/config.schema.yaml")
-check_config(config, workflow.basedir)
+check_config(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 
 
 def get_final_outputs():
-    return [f"{RUN}/report/report.md"]
+    return [f"{RUN}/report/summary.md"]
 
 
 def get_stage_names():
@@ -69,6 +73,11 @@ def get_stage_gpus(wildcards):
     return stage_spec(config, wildcards.stage)["gpus"]
 
 
+def get_attempt(wildcards, attempt):
+    """Snakemake's try number, passed to the script as a resource (scripts see no `attempt` otherwise)."""
+    return attempt
+
+
 def get_stage_outputs(stage):
     folder = f"{RUN}/stages/{stage}"
     return {
@@ -82,7 +91,3 @@ def get_stage_outputs(stage):
 def get_max_stage_img():
     """The largest training image size of any stage: what a RAM cache must hold."""
     return max(stage_spec(config, stage)["img"] for stage in get_stage_names())
-
-
-def get_stage_dirs():
-    return {stage: f"{RUN}/stages/{stage}" for stage in get_stage_names()}

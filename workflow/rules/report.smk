@@ -3,20 +3,20 @@ rule report:
         timings=expand(f"{RUN}/stages/{{stage}}/timing.json", stage=get_stage_names()),
         env=rules.verify_env.output.json,
     output:
-        md=f"{RUN}/report/report.md",
-        html=report(
-            f"{RUN}/report/report.html",
-            caption="../report/summary.rst",
-            category="Summary",
+        md=f"{RUN}/report/summary.md",
+        html=report(f"{RUN}/report/summary.html", caption="../report/summary.rst", category="Summary"),
+        phases=report(f"{RUN}/report/phases.png", caption="../report/phases.rst", category="Timing"),
+        utilization=report(
+            f"{RUN}/report/utilization.png",
+            caption="../report/utilization.rst",
+            category="Timing",
         ),
-        plots=report(
-            directory(f"{RUN}/report/plots"),
-            patterns=["{name}.png"],
-            caption="../report/plots.rst",
-            category="Plots",
+        throughput=report(
+            f"{RUN}/report/throughput.png",
+            caption="../report/throughput.rst",
+            category="Timing",
         ),
-    params:
-        stages=get_stage_dirs(),
+        map50=report(f"{RUN}/report/map50.png", caption="../report/map50.rst", category="Accuracy"),
     conda:
         "../../envs/stagedyolo.yaml"
     log:

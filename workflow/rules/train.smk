@@ -22,6 +22,7 @@ rule train_stage:
     threads: workflow.cores
     resources:
         gpu=get_stage_gpus,
+        attempt=get_attempt,
     # Only out-of-memory failures are worth a retry (at half the batch); the script fails other retries at once.
     retries: 2
     wildcard_constraints:

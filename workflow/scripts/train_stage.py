@@ -9,6 +9,6 @@ train_stage(
     probe=list(snakemake.input.probe),
     timing_path=snakemake.output.timing,
     threads=snakemake.threads,
-    attempt=snakemake.attempt,
+    attempt=snakemake.resources.attempt,
     log_path=snakemake.log[0],
 )

@@ -1,0 +1,100 @@
+"""``stagedyolo`` console entry point. Subcommands are argparse subparsers; add one by writing a
+``_add_<name>(subparsers)`` function that sets ``func`` and listing it in SUBCOMMANDS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _load_timing(stage_dir: Path) -> dict:
+    """timing.json, or (when the stage never got that far) a timing built from timing_raw.json + telemetry.csv."""
+    tj = stage_dir / "timing.json"
+    if tj.exists():
+        return json.loads(tj.read_text())
+    raw = stage_dir / "timing_raw.json"
+    if raw.exists():
+        from stagedyolo.telemetry import build_timing
+
+        tel = stage_dir / "telemetry.csv"
+        return build_timing(json.loads(raw.read_text()), tel if tel.exists() else None, wall_s=None,
+                            meta={"stage": stage_dir.name})
+    raise FileNotFoundError(f"{stage_dir}: neither timing.json nor timing_raw.json")
+
+
+def cmd_diagnose(args) -> int:
+    from stagedyolo.diagnosis import diagnose, diagnosis_markdown, verdict_line, write_diagnosis
+
+    d = Path(args.stage_dir)
+    try:
+        timing = _load_timing(d)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"stagedyolo diagnose: {exc}", file=sys.stderr)
+        return 2
+    stage = args.stage or timing.get("stage") or d.name
+    findings = diagnose(timing, stage=stage)
+    if args.write:
+        write_diagnosis(d, findings)
+    if args.json:
+        print(json.dumps(findings.to_dict(), indent=2))
+    elif args.quiet:
+        print(verdict_line(stage, findings))
+    else:
+        print(diagnosis_markdown(findings))
+    return 0
+
+
+def _add_diagnose(sub) -> None:
+    p = sub.add_parser("diagnose", help="name a stage's bottleneck and the config change to make",
+                       description="Read <stage dir>/timing.json (or timing_raw.json + telemetry.csv) and print the "
+                                   "diagnosis: the bottleneck class, its evidence and the exact config change.")
+    p.add_argument("stage_dir", help="a stage's output directory")
+    p.add_argument("--stage", help="stage name used in config keys (default: from timing.json)")
+    p.add_argument("--json", action="store_true", help="print diagnosis.json content instead of Markdown")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the one-line verdict")
+    p.add_argument("--write", action="store_true", help="also (re)write diagnosis.md and diagnosis.json there")
+    p.set_defaults(func=cmd_diagnose)
+
+
+def cmd_report(args) -> int:
+    from stagedyolo.report import build_report
+
+    dirs = {}
+    for item in args.stages:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).name, item
+        dirs[name] = Path(path)
+    for k, p in build_report(dirs, args.out).items():
+        print(f"{k}\t{p}")
+    return 0
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="cross-stage report (table, plots, diagnoses, TensorBoard scalars)")
+    p.add_argument("out", help="output directory")
+    p.add_argument("stages", nargs="+", help="stage dirs, in order, as NAME=DIR or DIR (name = folder name)")
+    p.set_defaults(func=cmd_report)
+
+
+SUBCOMMANDS = [_add_diagnose, _add_report]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stagedyolo", description="Staged, measured YOLOv5 training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The command line and environment that start one training stage on 1 or N GPUs (see docs/ddp.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+# Read by bound_init_process_group_timeout() in each rank: YOLOv5 calls init_process_group without a timeout.
+DDP_TIMEOUT_ENV = "STAGEDYOLO_DDP_TIMEOUT_S"
+# Long enough for rank 0 to validate and save while the other ranks wait in their next collective; NCCL's own
+# default (10 min in torch 2.x) can be shorter than a large validation set takes.
+DEFAULT_DDP_TIMEOUT_S = 30 * 60
+# How long torchrun waits after SIGTERM before it SIGKILLs the ranks (its own default is 30 s).
+DEFAULT_RANK_SHUTDOWN_S = 5
+
+
+class LaunchError(ValueError):
+    """A stage's settings cannot be launched as asked; the message says what to change."""
+
+
+def visible_gpus(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The GPU ids the scheduler left visible (CUDA_VISIBLE_DEVICES), in order; None when it is unset.
+
+    Like CUDA, the list ends at the first entry that is not a device ("-1" hides every GPU). Ids may be indices
+    or UUIDs (GPU-..., MIG-...).
+    """
+    env = os.environ if env is None else env
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    ids: list[str] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        ids.append(entry)
+    return ids
+
+
+def yolov5_device(gpus: int) -> str:
+    """The ``--device`` value for a stage with ``gpus`` GPUs: "cpu" for 0, else "" (the first visible GPU(s)).
+
+    Why not "0,1": YOLOv5's select_device writes ``--device`` into CUDA_VISIBLE_DEVICES before CUDA starts, so
+    "0,1" would replace the scheduler's "2,3" and train on physical GPUs 0 and 1, which another job may own.
+    With "" it leaves the variable alone; each DDP rank then takes cuda:LOCAL_RANK of the visible set, which
+    stage_gpu_env() narrows to exactly the stage's GPUs. "" falls back to CPU when CUDA is missing, so the worker
+    should check ``torch.cuda.device_count() >= gpus`` itself.
+    """
+    if gpus < 0:
+        raise LaunchError(f"gpus must be 0 (CPU) or more, not {gpus}")
+    return "cpu" if gpus == 0 else ""
+
+
+def stage_gpu_env(gpus: int, env: Mapping[str, str], stage: str = "<stage>") -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for the stage: the first ``gpus`` of the scheduler's set, or 0..gpus-1 when unset."""
+    if gpus == 0:
+        return {}
+    visible = visible_gpus(env)
+    if visible is None:
+        chosen = [str(index) for index in range(gpus)]
+    elif len(visible) < gpus:
+        raise LaunchError(
+            f"stages.{stage}.gpus is {gpus} but CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} leaves "
+            f"{len(visible)} visible: request {gpus} GPUs from the scheduler (Snakemake: resources gpu={gpus})"
+        )
+    else:
+        chosen = visible[:gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+
+
+def threads_per_rank(gpus: int, env: Mapping[str, str]) -> int:
+    """OMP threads for each rank: the job's thread budget split over its ranks, at least 1.
+
+    The budget is OMP_NUM_THREADS when the caller set it (Snakemake sets it to the rule's ``threads``), else the
+    CPUs this process may run on. Without a split, N ranks each start one thread per core and fight over them.
+    """
+    try:
+        budget = int(env.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        budget = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, budget // max(gpus, 1))
+
+
+def check_total_batch(batch: int, gpus: int, stage: str = "<stage>") -> None:
+    """Reject a total batch that DDP cannot split evenly over ``gpus`` ranks."""
+    if gpus <= 1:
+        return
+    if batch <= 0:
+        raise LaunchError(
+            f"stages.{stage}.batch {batch} is not allowed with {gpus} GPUs: YOLOv5's AutoBatch (-1) does not work "
+            f"under DDP, give a total batch that is a multiple of {gpus}"
+        )
+    if batch % gpus:
+        lower = batch // gpus * gpus
+        choices = f"{lower} or {lower + gpus}" if lower else str(lower + gpus)
+        raise LaunchError(
+            f"stages.{stage}.batch {batch} is the total batch over {gpus} GPUs and must be a multiple of {gpus}: "
+            f"use {choices}"
+        )
+
+
+def build_stage_command(
+    worker_args: Sequence[str],
+    gpus: int,
+    batch: int,
+    *,
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    stage: str = "<stage>",
+    ddp_timeout_s: int = DEFAULT_DDP_TIMEOUT_S,
+    rank_shutdown_s: int = DEFAULT_RANK_SHUTDOWN_S,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run ``python *worker_args`` for one stage, through torchrun when gpus > 1.
+
+    ``worker_args`` is what follows ``python`` for a single process, e.g. ``["-m", "stagedyolo.engine.worker",
+    "plan.json"]``. ``batch`` is the stage's total batch. With ``port=None`` the rendezvous store binds port 0, so
+    the OS picks a free port at the moment it listens and two stages on one host cannot race for the same port.
+    """
+    if not worker_args:
+        raise LaunchError("worker_args is empty: pass at least ['-m', 'stagedyolo.engine.worker', <plan>]")
+    if gpus < 0:
+        raise LaunchError(f"stages.{stage}.gpus must be 0 (CPU) or more, not {gpus}")
+    check_total_batch(batch, gpus, stage)
+
+    child_env = dict(os.environ if env is None else env)
+    child_env.update(stage_gpu_env(gpus, child_env, stage))
+    child_env["OMP_NUM_THREADS"] = str(threads_per_rank(gpus, child_env))
+    if gpus <= 1:
+        return [python, *worker_args], child_env
+
+    child_env[DDP_TIMEOUT_ENV] = str(int(ddp_timeout_s))
+    # 1 = a collective that times out or fails tears the rank down instead of leaving it hung (NCCL).
+    child_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    # An environment variable rather than --shutdown-timeout: older torchrun versions reject the flag.
+    child_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(rank_shutdown_s))
+    argv = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc-per-node", str(gpus),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{0 if port is None else port}",
+        # A failed rank fails the stage; retrying is Snakemake's job (--retries), not torchrun's.
+        "--max-restarts", "0",
+        *worker_args,
+    ]
+    return argv, child_env

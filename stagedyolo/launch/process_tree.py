@@ -1,0 +1,107 @@
+"""Remembering every process a stage starts, so that all of them can be ended, by PID and process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+# After SIGKILL a process is gone at once unless it sits in uninterruptible I/O; don't wait for that forever.
+_AFTER_KILL_WAIT_S = 5.0
+
+
+class ProcessTree:
+    """The root process, its descendants and their process groups, as seen since the root started.
+
+    A rank's dataloader workers are re-parented to init when the rank dies, so they stop being descendants of
+    the root; they stay in the rank's process group, which is how ``sweep`` finds them again. psutil.Process
+    remembers each process's start time, so a PID reused by an unrelated process is never signalled.
+    """
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        self._known: dict[int, psutil.Process] = {}
+        self._groups: set[int] = set()
+        # Never signal the supervisor itself or its own group/session, whatever a descendant does.
+        self._protected_pid = os.getpid()
+        self._protected_groups = {os.getpgid(0), os.getsid(0)}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Remember the root and its current descendants (cheap enough to call every half second)."""
+        try:
+            root = psutil.Process(self.root_pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in processes:
+            self._remember(process)
+
+    def sweep(self) -> None:
+        """Also remember processes that left the tree but are still in one of its process groups."""
+        self.refresh()
+        for process in psutil.process_iter():
+            try:
+                in_our_groups = os.getpgid(process.pid) in self._groups
+            except ProcessLookupError:
+                continue
+            if in_our_groups:
+                self._remember(process)
+
+    def alive(self) -> list[psutil.Process]:
+        """Remembered processes that still run (zombies count as gone: they hold no resources)."""
+        running = []
+        for process in list(self._known.values()):  # a signal handler may add entries meanwhile
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        return running
+
+    def signal_all(self, sig: int) -> None:
+        for process in self.alive():
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def end_all(self, deadline: float, poll_s: float = 0.1) -> list[int]:
+        """SIGTERM everything left, SIGKILL what still runs at ``deadline`` (time.monotonic()); return those PIDs."""
+        self.sweep()
+        self.signal_all(signal.SIGTERM)
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            self.sweep()  # a dying process may still have forked
+        return self.kill_all()
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every remembered process still running; return their PIDs."""
+        self.sweep()
+        survivors = self.alive()
+        for process in survivors:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        give_up_at = time.monotonic() + _AFTER_KILL_WAIT_S
+        while self.alive() and time.monotonic() < give_up_at:
+            time.sleep(0.05)
+        return [process.pid for process in survivors]
+
+    def _remember(self, process: psutil.Process) -> None:
+        if process.pid == self._protected_pid:
+            return
+        known = self._known.get(process.pid)
+        if known is not None and known == process:  # same pid and same start time
+            return
+        try:
+            group = os.getpgid(process.pid)
+        except ProcessLookupError:
+            return
+        if group in self._protected_groups:
+            return
+        self._known[process.pid] = process
+        self._groups.add(group)

@@ -1,0 +1,210 @@
+"""The measuring process: `python -m stagedyolo.probe.child request.json` writes the request's `out` JSON.
+
+It runs in a process of its own, with the offline engine environment, for the same reasons a stage does (yolov5
+keeps global state and reaches for the network), and so that its torch threads and dataloader workers are
+exactly what it sets, not what the calling Snakemake process happened to have.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from stagedyolo.engine import compat
+
+# Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
+SYNTHETIC_OBJECTS = 4
+
+
+def main(request_path: str) -> int:
+    started = time.perf_counter()
+    request = json.loads(Path(request_path).read_text())
+    compat.install()
+    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
+    import torch
+
+    torch.set_num_threads(max(r["torch_threads"] for r in request["model_runs"]))
+    from yolov5.utils.dataloaders import create_dataloader
+    from yolov5.utils.loss import ComputeLoss  # noqa: F401  (imported here so its cost counts as import time)
+
+    import_s = time.perf_counter() - started
+    device = torch.device(request["device"])
+    model = build_model(request, device)
+    stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
+
+    loader_runs = []
+    for run in request["loader_runs"]:
+        torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
+        loader_runs.append({**run, **measure_loader(create_dataloader, request, run["workers"], stride)})
+        print(f"probe: loader workers={run['workers']}: {loader_runs[-1]['images_per_s']} images/s", flush=True)
+
+    # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
+    torch.set_num_threads(request["model_runs"][0]["torch_threads"])
+    measure_model(model, {**request, "seconds_per_model_run": 0}, 2, False, device)
+    model_runs = []
+    for run in request["model_runs"]:
+        torch.set_num_threads(run["torch_threads"])
+        model_runs.append({**run, **measure_model(model, request, run["batch"], run["amp"], device)})
+        print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
+              f"{model_runs[-1].get('images_per_s')} images/s", flush=True)  # fmt: skip
+
+    cuda = device.type == "cuda"
+    result = {
+        "loader": loader_runs,
+        "model": model_runs,
+        "import_s": round(import_s, 3),
+        "child_s": round(time.perf_counter() - started, 3),
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "gpu_total_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+    }
+    Path(request["out"]).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def build_model(request: dict, device):
+    """The stage's network, as train.py builds it: the checkpoint's own yaml (or cfg) with the data's class count.
+
+    A checkpoint's model is rebuilt rather than used as is: the stage trains with the data's nc, which may differ
+    from the checkpoint's, and the step cost depends on the architecture only, not on the weights' values.
+    """
+    import torch
+    from yolov5.models.yolo import Model
+    from yolov5.utils.general import check_yaml
+    from yolov5.utils.torch_utils import smart_optimizer
+
+    hyp = request["hyp"]
+    if request["weights"]:
+        architecture = torch.load(request["weights"], map_location="cpu", weights_only=False)["model"].yaml
+    else:
+        architecture = check_yaml(request["cfg"])  # finds yolov5n.yaml & co. inside the package
+    model = Model(architecture, ch=3, nc=request["nc"], anchors=hyp.get("anchors")).float().to(device)
+    frozen = [f"model.{layer}." for layer in range(request["freeze"])]  # train.py's --freeze N
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = not any(prefix in name for prefix in frozen)
+    model.nc, model.hyp, model.gr = request["nc"], hyp, 1.0  # what train.py attaches before ComputeLoss
+    model.train()
+    model.probe_optimizer = smart_optimizer(model, request["optimizer"], hyp["lr0"], hyp["momentum"],
+                                            hyp["weight_decay"])  # fmt: skip
+    return model
+
+
+def measure_loader(create_dataloader, request: dict, workers: int, stride: int) -> dict:
+    """Images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them)."""
+    loader, _dataset = create_dataloader(
+        request["data_list"], request["img"], request["loader_batch"], stride, hyp=request["hyp"], augment=True,
+        cache=request["cache"], rect=False, rank=-1, workers=workers, shuffle=True, prefix="probe: ", seed=0,
+    )  # fmt: skip
+    batches = _endless(loader)
+    budget = request["seconds_per_loader_run"]
+    start = time.perf_counter()
+    next(batches)  # warm-up: worker start-up and first reads are paid once per stage, not per image
+    timed_start = time.perf_counter()
+    images = count = 0
+    while count == 0 or time.perf_counter() - start < budget:  # at least one timed batch, even past the budget
+        imgs, _targets, _paths, _shapes = next(batches)
+        images += imgs.shape[0]
+        count += 1
+    seconds = time.perf_counter() - timed_start
+    effective = loader.num_workers
+    _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
+    del batches, loader
+    gc.collect()
+    return {
+        "workers_effective": effective,  # yolov5 caps workers at min(cpu_count, batch, workers)
+        "batch": request["loader_batch"],
+        "batches": count,
+        "images": images,
+        "seconds": round(seconds, 4),
+        "warmup_s": round(timed_start - start, 4),
+        "images_per_s": round(images / seconds, 3),
+    }
+
+
+def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
+    """Images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches."""
+    import torch
+    from yolov5.utils.loss import ComputeLoss
+
+    cuda = device.type == "cuda"
+    img = request["img"]
+    generator = torch.Generator().manual_seed(batch)
+    imgs = torch.rand(batch, 3, img, img, generator=generator).to(device)
+    targets = synthetic_targets(batch, request["nc"], generator).to(device)
+    compute_loss = ComputeLoss(model)
+    optimizer = model.probe_optimizer
+    scaler = torch.amp.GradScaler("cuda", enabled=amp and cuda)
+
+    def train_step():
+        with torch.autocast(device.type, enabled=amp and cuda):
+            loss, _items = compute_loss(model(imgs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)  # kernels run asynchronously: time them, not their launch
+
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    budget = request["seconds_per_model_run"]
+    start = time.perf_counter()
+    try:
+        train_step()  # warm-up: allocator, cuDNN autotuning and lazy initialisation
+        timed_start = time.perf_counter()
+        steps = 0
+        while steps == 0 or time.perf_counter() - start < budget:
+            train_step()
+            steps += 1
+    except torch.cuda.OutOfMemoryError as error:
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        return {"status": "oom", "message": str(error).splitlines()[0], "images_per_s": None,
+                "peak_memory_bytes": None, "peak_memory_reason": "ran out of memory"}  # fmt: skip
+    seconds = time.perf_counter() - timed_start
+    return {
+        "status": "ok",
+        "steps": steps,
+        "images": steps * batch,
+        "seconds": round(seconds, 4),
+        "warmup_s": round(timed_start - start, 4),
+        "images_per_s": round(steps * batch / seconds, 3),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "peak_memory_reason": None if cuda else "not measured on CPU (torch tracks peak memory on CUDA only)",
+    }
+
+
+def synthetic_targets(batch: int, nc: int, generator):
+    """yolov5 targets rows (image index, class, x, y, w, h), normalised, a few objects per image."""
+    import torch
+
+    count = batch * SYNTHETIC_OBJECTS
+    image_index = torch.arange(batch).repeat_interleave(SYNTHETIC_OBJECTS).float()
+    classes = torch.randint(0, nc, (count,), generator=generator).float()
+    sizes = 0.05 + 0.3 * torch.rand(count, 2, generator=generator)
+    centres = sizes / 2 + (1 - sizes) * torch.rand(count, 2, generator=generator)
+    return torch.cat([image_index[:, None], classes[:, None], centres, sizes], dim=1)
+
+
+def _endless(loader):
+    while True:
+        yield from loader
+
+
+def _stop_workers(loader) -> None:
+    iterator = getattr(loader, "iterator", None)  # InfiniteDataLoader keeps its workers alive in `iterator`
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1]))

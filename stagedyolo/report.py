@@ -1,0 +1,376 @@
+"""Cross-stage report: one table, plots, all diagnoses and TensorBoard scalars.
+
+``build_report(stage_dirs, out_dir)`` reads, per stage dir: timing.json, telemetry.csv, diagnosis.json and
+results.csv (yolov5 format). Missing files are tolerated (the stage shows n/a). Every plotted series is also
+written to ``plot_data.json`` so tests and readers can check what was drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
+FILES = {
+    "table_md": "summary.md",
+    "table_html": "summary.html",
+    "table_csv": "stages.csv",
+    "phases_png": "phases.png",
+    "utilization_png": "utilization.png",
+    "throughput_png": "throughput.png",
+    "map50_png": "map50.png",
+    "plot_data": "plot_data.json",
+    "phases_rst": "phases.rst",
+    "utilization_rst": "utilization.rst",
+    "throughput_rst": "throughput.rst",
+    "map50_rst": "map50.rst",
+    "summary_rst": "summary.rst",
+    "tensorboard": "tensorboard",
+}
+CAPTIONS = {
+    "phases_rst": "Where each stage's wall time went: setup (process start to the first epoch: imports, dataset scan, "
+                  "cache fill, model build), train (batches: data wait + compute), val (in-loop and final validation), "
+                  "checkpoint (torch.save, strip_optimizer), logging (yolov5 loggers: results.csv, TensorBoard, plots) "
+                  "and other (launch, exit, unaccounted). Seconds; the bars sum to the stage's wall time.",
+    "utilization_rst": "Host CPU (mean over cores) and, where a GPU was sampled, NVML GPU utilisation per GPU, over "
+                       "each stage's run time (seconds since the sampler started). No GPU line means no GPU readings "
+                       "(the reason is in the stage's timing.json), never zero utilisation.",
+    "throughput_rst": "Training images per second per epoch (images / train time of the epoch, excluding validation, "
+                      "checkpoint and logging), stages concatenated in order.",
+    "map50_rst": "Validation mAP@0.5 per epoch from yolov5's results.csv, stages concatenated in order; epochs that "
+                 "were not validated (val_period) are gaps.",
+    "summary_rst": "One row per stage: phase shares, steady-state throughput, data-wait share, utilisation, memory "
+                   "and the diagnosis verdict. Thresholds and definitions: docs/timing.md.",
+}
+
+
+def _num(x):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _read_json(p: Path):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_results(path) -> dict:
+    """yolov5 results.csv -> {'epoch': [...], 'map50': [...]} (nan -> None). Padded columns are handled."""
+    import pandas as pd
+
+    p = Path(path)
+    if not p.exists():
+        return {"epoch": [], "map50": []}
+    df = pd.read_csv(p, skipinitialspace=True)
+    df.columns = [c.strip() for c in df.columns]
+    if "metrics/mAP_0.5" not in df.columns:
+        return {"epoch": [], "map50": []}
+    ep = [int(_num(e)) if _num(e) is not None else i for i, e in enumerate(df.get("epoch", range(len(df))))]
+    return {"epoch": ep, "map50": [_num(v) for v in pd.to_numeric(df["metrics/mAP_0.5"], errors="coerce")]}
+
+
+def read_telemetry_series(path) -> dict:
+    """telemetry.csv -> {'t': elapsed seconds, 'cpu': cpu_mean_pct, 'gpu': {k: util list}} (blanks -> None)."""
+    from stagedyolo.telemetry.summary import gpu_ids, read_telemetry
+
+    cols, rows = read_telemetry(path)
+    t = [_num(r.get("elapsed_s")) for r in rows]
+    out = {"t": t, "cpu": [_num(r.get("cpu_mean_pct")) for r in rows], "gpu": {}}
+    for k in gpu_ids(cols):
+        vals = [_num(r.get(f"gpu{k}_util_pct")) for r in rows]
+        if any(v is not None for v in vals):
+            out["gpu"][str(k)] = vals
+    return out
+
+
+def collect(stage_dirs: dict) -> list[dict]:
+    """Load everything the report needs, in stage order."""
+    stages = []
+    for name, d in stage_dirs.items():
+        d = Path(d)
+        stages.append({"name": name, "dir": str(d), "timing": _read_json(d / "timing.json"),
+                       "diagnosis": _read_json(d / "diagnosis.json"), "results": read_results(d / "results.csv"),
+                       "telemetry": read_telemetry_series(d / "telemetry.csv")})
+    return stages
+
+
+def _pct(x):
+    return None if x is None else round(100 * x, 1)
+
+
+def table_rows(stages) -> list[dict]:
+    rows = []
+    for s in stages:
+        t = s["timing"] or {}
+        ph = t.get("phases") or {}
+        g, c, th = t.get("gpu") or {}, t.get("cpu") or {}, t.get("throughput") or {}
+        m = [v for v in s["results"]["map50"] if v is not None]
+        diag = s["diagnosis"] or {}
+        row = {"stage": s["name"], "epochs": t.get("epochs_completed"), "wall_s": _num(t.get("wall_s"))}
+        for k in PHASES:
+            row[f"{k}_%"] = _pct((ph.get(k) or {}).get("share"))
+        row.update({
+            "images_per_s": th.get("steady_images_per_s"), "it_per_s": th.get("steady_it_per_s"),
+            "data_wait_%": _pct((t.get("data_wait") or {}).get("share")),
+            "gpu_util_mean_%": (g.get("util_pct") or {}).get("mean") if g.get("available") else None,
+            "gpu_peak_mem_%": _pct(g.get("peak_memory_share")),
+            "cpu_util_mean_%": c.get("util_mean_pct"), "peak_rss_mb": c.get("peak_rss_mb"),
+            "first_epoch_x": t.get("first_epoch_overhead"),
+            "map50_final": round(m[-1], 4) if m else None, "map50_best": round(max(m), 4) if m else None,
+            "batch": (t.get("config") or {}).get("batch"), "workers": (t.get("config") or {}).get("workers"),
+            "verdict": diag.get("verdict") or ("no diagnosis" if not diag else ""),
+        })
+        rows.append(row)
+    return rows
+
+
+def series(stages) -> dict:
+    """Every plotted series (written to plot_data.json)."""
+    phases = {s["name"]: [((s["timing"] or {}).get("phases") or {}).get(k, {}).get("s", 0.0) for k in PHASES]
+              for s in stages}
+    thr_x, thr_y, thr_stage, map_x, map_y, map_stage, bounds = [], [], [], [], [], [], []
+    g = 0
+    for s in stages:
+        eps = (s["timing"] or {}).get("epochs") or []
+        for e in eps:
+            thr_x.append(g + e["epoch"])
+            thr_y.append(e.get("images_per_s"))
+            thr_stage.append(s["name"])
+        r = s["results"]
+        n_res = len(r["epoch"])
+        for i, (ep, v) in enumerate(zip(r["epoch"], r["map50"])):
+            map_x.append(g + i)
+            map_y.append(v)
+            map_stage.append(s["name"])
+        g += max(len(eps), n_res)
+        bounds.append(g)
+    util = {s["name"]: s["telemetry"] for s in stages}
+    return {"phase_names": list(PHASES), "phases_s": phases,
+            "throughput": {"x": thr_x, "images_per_s": thr_y, "stage": thr_stage},
+            "map50": {"x": map_x, "map50": map_y, "stage": map_stage},
+            "stage_bounds": bounds, "utilization": util}
+
+
+def _mpl():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_phases(data):
+    plt = _mpl()
+    names = list(data["phases_s"])
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(names) + 2), 4))
+    bottom = [0.0] * len(names)
+    for i, ph in enumerate(data["phase_names"]):
+        vals = [data["phases_s"][n][i] or 0.0 for n in names]
+        ax.bar(names, vals, bottom=bottom, label=ph)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("seconds")
+    ax.set_title("Wall time by phase")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    return fig
+
+
+def plot_utilization(data):
+    plt = _mpl()
+    util = data["utilization"]
+    n = max(len(util), 1)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 * n), squeeze=False)
+    for ax, (name, u) in zip(axes[:, 0], util.items()):
+        pts = [(t, c) for t, c in zip(u["t"], u["cpu"]) if t is not None and c is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label="CPU mean %")
+        for k, vals in u["gpu"].items():
+            gp = [(t, v) for t, v in zip(u["t"], vals) if t is not None and v is not None]
+            ax.plot([p[0] for p in gp], [p[1] for p in gp], label=f"GPU{k} util %")
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        ax.set_title(name + ("" if u["gpu"] else " (no GPU readings)"), fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("seconds since stage start")
+    fig.tight_layout()
+    return fig
+
+
+def _by_stage(xs, ys, stages):
+    out = {}
+    for x, y, s in zip(xs, ys, stages):
+        if y is not None:
+            out.setdefault(s, ([], []))
+            out[s][0].append(x)
+            out[s][1].append(y)
+    return out
+
+
+def plot_throughput(data):
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    d = data["throughput"]
+    for s, (x, y) in _by_stage(d["x"], d["images_per_s"], d["stage"]).items():
+        ax.plot(x, y, marker="o", label=s)
+    ax.set_xlabel("epoch (all stages)")
+    ax.set_ylabel("train images/s")
+    ax.set_title("Throughput per epoch")
+    if d["x"]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_map50(data):
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    d = data["map50"]
+    for s, (x, y) in _by_stage(d["x"], d["map50"], d["stage"]).items():
+        ax.plot(x, y, marker="o", label=s)
+    for b in data["stage_bounds"][:-1]:
+        ax.axvline(b - 0.5, color="grey", lw=0.5, ls="--")
+    ax.set_xlabel("epoch (all stages)")
+    ax.set_ylabel("mAP@0.5")
+    ax.set_title("Validation mAP@0.5 across stages")
+    if d["x"]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+class _ScalarWriter:
+    """Scalar-only TensorBoard writer on tensorboard's own EventFileWriter: the same event files
+    torch.utils.tensorboard.SummaryWriter writes (it wraps the same class), without importing torch (~5 s)."""
+
+    def __init__(self, logdir):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._w = EventFileWriter(str(logdir))
+
+    def add_scalar(self, tag, value, step, walltime=None):
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        ev = Event(wall_time=walltime or time.time(), step=int(step),
+                   summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]))
+        self._w.add_event(ev)
+
+    def close(self):
+        self._w.close()
+
+
+def write_tensorboard(data, logdir) -> Path:
+    """Scalars: throughput/images_per_s/<stage> per global epoch; utilization/<stage>/cpu_mean_pct and
+    utilization/<stage>/gpu<k>_util_pct per telemetry sample (step = sample index, walltime = sample time)."""
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    w = _ScalarWriter(logdir)
+    try:
+        d = data["throughput"]
+        for x, y, s in zip(d["x"], d["images_per_s"], d["stage"]):
+            if y is not None:
+                w.add_scalar(f"throughput/images_per_s/{s}", y, x)
+        for s, u in data["utilization"].items():
+            for i, c in enumerate(u["cpu"]):
+                if c is not None:
+                    w.add_scalar(f"utilization/{s}/cpu_mean_pct", c, i)
+            for k, vals in u["gpu"].items():
+                for i, v in enumerate(vals):
+                    if v is not None:
+                        w.add_scalar(f"utilization/{s}/gpu{k}_util_pct", v, i)
+    finally:
+        w.close()
+    return logdir
+
+
+def _diagnoses_md(stages) -> str:
+    out = ["## Diagnoses", ""]
+    for s in stages:
+        d = s["diagnosis"]
+        out.append(f"### {s['name']}")
+        out.append("")
+        if not d:
+            out += ["No diagnosis.json.", ""]
+            continue
+        out += [d.get("verdict", ""), ""]
+        for f in d.get("findings", []):
+            out.append(f"- **{f['title']}**: `{f['change']}` ({f.get('why', '')})")
+            out += [f"  - also: `{a}`" for a in f.get("also", [])]
+        for n in d.get("not_evaluated", []):
+            out.append(f"- not evaluated `{n['code']}`: {n['reason']}")
+        out.append("")
+    return "\n".join(out)
+
+
+def build_report(stage_dirs: dict, out_dir) -> dict:
+    """Write the cross-stage report into ``out_dir``; return {key: path} for every file/dir in FILES."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / v for k, v in FILES.items()}
+    stages = collect(stage_dirs)
+    rows = table_rows(stages)
+    df = pd.DataFrame(rows)
+    data = series(stages)
+    data["table"] = rows
+
+    df.to_csv(paths["table_csv"], index=False)
+    diag_md = _diagnoses_md(stages)
+    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + diag_md + "\n")
+    imgs = "".join(f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
+                   for k in ("phases_png", "utilization_png", "throughput_png", "map50_png"))
+    diag_html = "".join(
+        f"<h3>{s['name']}</h3><p>{(s['diagnosis'] or {}).get('verdict', 'no diagnosis')}</p><ul>"
+        + "".join(f"<li><b>{f['title']}</b>: <code>{f['change']}</code> ({f.get('why', '')})</li>"
+                  for f in (s["diagnosis"] or {}).get("findings", [])) + "</ul>" for s in stages)
+    paths["table_html"].write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"
+        f"<h2>Stages</h2>{df.to_html(index=False, na_rep='n/a', float_format=lambda v: f'{v:.4g}')}"
+        f"<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
+
+    plt = _mpl()
+    for key, fn in (("phases_png", plot_phases), ("utilization_png", plot_utilization),
+                    ("throughput_png", plot_throughput), ("map50_png", plot_map50)):
+        fig = fn(data)
+        fig.savefig(paths[key], dpi=100)
+        plt.close(fig)
+    paths["plot_data"].write_text(json.dumps(data, indent=1))
+    for key, text in CAPTIONS.items():
+        paths[key].write_text(text + "\n")
+    write_tensorboard(data, paths["tensorboard"])
+    return paths
+
+
+def build_report_for_rule(timings, summary_md, log_path=None, **_unused) -> dict:
+    """Snakemake adapter: ``timings`` are the stages' timing.json paths in stage order (stage name = folder name);
+    everything is written next to ``summary_md``. Extra keyword arguments are accepted and ignored."""
+    import logging
+
+    stage_dirs = {Path(t).parent.name: Path(t).parent for t in timings}
+    out_dir = Path(summary_md).parent
+    log = logging.getLogger("stagedyolo.report")
+    handler = None
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_path)
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    try:
+        log.info("report for stages %s -> %s", list(stage_dirs), out_dir)
+        paths = build_report(stage_dirs, out_dir)
+        for k, p in paths.items():
+            log.info("%s: %s", k, p)
+        return paths
+    finally:
+        if handler:
+            log.removeHandler(handler)
+            handler.close()

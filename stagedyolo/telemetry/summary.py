@@ -1,0 +1,354 @@
+"""build_timing: turn the worker's raw timer record + the supervisor's telemetry.csv into timing.json / timing.md.
+
+The schema is ``timing.schema.json`` next to this module (JSON Schema draft 2020-12) and is documented in
+docs/timing.md. Torch-free and pandas-free (it runs in the supervisor).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("timing.schema.json")
+PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
+NOMINAL_BATCH = 64  # yolov5 accumulates gradients up to this batch (nbs)
+MB = 1024 * 1024
+
+
+def _f(x):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _stats(vals) -> dict | None:
+    vals = sorted(v for v in vals if v is not None)
+    if not vals:
+        return None
+
+    def q(p):
+        k = (len(vals) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(vals) - 1)
+        return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+    return {"mean": round(sum(vals) / len(vals), 3), "p10": round(q(0.1), 3), "p50": round(q(0.5), 3),
+            "p90": round(q(0.9), 3), "max": round(vals[-1], 3), "n": len(vals)}
+
+
+def read_telemetry(path) -> tuple[list[str], list[dict]]:
+    """Read telemetry.csv into (columns, rows as dicts of strings). Missing file -> ([], [])."""
+    if path is None or not Path(path).exists():
+        return [], []
+    with open(path, newline="") as fh:
+        r = csv.DictReader(fh)
+        rows = list(r)
+        return list(r.fieldnames or []), rows
+
+
+def gpu_ids(columns) -> list[int]:
+    return sorted({int(c[3:].split("_", 1)[0]) for c in columns if c.startswith("gpu") and c[3:4].isdigit()})
+
+
+def cpu_ids(columns) -> list[int]:
+    return sorted(int(c[3:-4]) for c in columns if c.startswith("cpu") and c.endswith("_pct") and c[3:-4].isdigit())
+
+
+def _window(rows, start, end):
+    """Samples inside the training window; all samples when the window is unknown or holds none."""
+    if start is None:
+        return rows, "all"
+    end = end if end is not None else float("inf")
+    w = [r for r in rows if _f(r.get("timestamp")) is not None and start <= _f(r["timestamp"]) <= end]
+    return (w, "train") if w else (rows, "all")
+
+
+def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict:
+    ids = gpu_ids(cols)
+    statuses = [r.get("gpu_status", "") for r in rows if r.get("gpu_status")]
+    status = statuses[-1] if statuses else ("no telemetry" if not rows else "no gpu_status column")
+    torch_total = memory.get("total_bytes")
+    torch_alloc = memory.get("torch_max_allocated_bytes")
+    torch_res = memory.get("torch_max_reserved_bytes")
+    out = {
+        "available": False, "reason": None, "count": len(ids), "names": list(meta.get("gpu_names") or []),
+        "window": window, "util_pct": None, "per_gpu": [],
+        "torch_peak_allocated_mb": round(torch_alloc / MB, 1) if torch_alloc is not None else None,
+        "torch_peak_reserved_mb": round(torch_res / MB, 1) if torch_res is not None else None,
+        "torch_total_mb": round(torch_total / MB, 1) if torch_total else None,
+        "torch_memory_reason": memory.get("reason"),
+        "nvml_peak_used_mb": None, "nvml_total_mb": None, "peak_memory_share": None,
+    }
+    pooled = []
+    shares = []
+    for k in ids:
+        util = [_f(r.get(f"gpu{k}_util_pct")) for r in win_rows]
+        used = [_f(r.get(f"gpu{k}_mem_used_mb")) for r in rows]
+        total = [_f(r.get(f"gpu{k}_mem_total_mb")) for r in rows]
+        power = [_f(r.get(f"gpu{k}_power_w")) for r in win_rows]
+        used_v = [u for u in used if u is not None]
+        total_v = [t for t in total if t is not None]
+        peak = max(used_v) if used_v else None
+        tot = max(total_v) if total_v else None
+        pooled += [u for u in util if u is not None]
+        if peak is not None and tot:
+            shares.append(peak / tot)
+        out["per_gpu"].append({"index": k, "util_pct": _stats(util), "nvml_peak_used_mb": peak, "nvml_total_mb": tot,
+                               "power_w_mean": (_stats(power) or {}).get("mean")})
+    if pooled:
+        out["available"] = True
+        out["util_pct"] = _stats(pooled)
+        peaks = [g["nvml_peak_used_mb"] for g in out["per_gpu"] if g["nvml_peak_used_mb"] is not None]
+        tots = [g["nvml_total_mb"] for g in out["per_gpu"] if g["nvml_total_mb"] is not None]
+        out["nvml_peak_used_mb"] = max(peaks) if peaks else None
+        out["nvml_total_mb"] = max(tots) if tots else None
+    else:
+        out["reason"] = status if status != "ok" else "GPU columns hold no readings"
+    if torch_res is not None and torch_total:
+        shares.append(torch_res / torch_total)
+    out["peak_memory_share"] = round(max(shares), 4) if shares else None
+    return out
+
+
+def _cpu_section(cols, rows, win_rows) -> dict:
+    cores = cpu_ids(cols)
+    mean = [_f(r.get("cpu_mean_pct")) for r in win_rows]
+    busy = []
+    for r in win_rows:
+        vals = [_f(r.get(f"cpu{j}_pct")) for j in cores]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            busy.append(sum(vals) / 100.0)
+    rss = [_f(r.get("rss_tree_mb")) for r in rows]
+    avail = [_f(r.get("ram_available_mb")) for r in rows]
+    total = [_f(r.get("ram_total_mb")) for r in rows]
+    disk = [_f(r.get("disk_read_bytes")) for r in win_rows]
+    disk = [d for d in disk if d is not None]
+    ms = _stats(mean)
+    rss_v = [v for v in rss if v is not None]
+    avail_v = [v for v in avail if v is not None]
+    total_v = [v for v in total if v is not None]
+    return {
+        "cores": len(cores) or None,
+        "util_mean_pct": ms["mean"] if ms else None,
+        "util_p90_pct": ms["p90"] if ms else None,
+        "busy_cores_mean": round(sum(busy) / len(busy), 3) if busy else None,
+        "peak_rss_mb": max(rss_v) if rss_v else None,
+        "ram_total_mb": max(total_v) if total_v else None,
+        "ram_available_min_mb": min(avail_v) if avail_v else None,
+        "disk_read_mb": round((max(disk) - min(disk)) / MB, 3) if len(disk) > 1 else None,
+    }
+
+
+def effective_batch(batch) -> int | None:
+    """yolov5 accumulates gradients to the nominal batch 64: optimizer steps see batch * max(round(64/batch), 1)."""
+    b = _f(batch)
+    if not b or b <= 0:
+        return None
+    return int(b * max(round(NOMINAL_BATCH / b), 1))
+
+
+_SAMPLER_KEYS = ("gpu_status", "gpu_names", "nvml_indices", "interval_s", "samples", "sample_cpu_s", "errors")
+
+
+def _sampler_info(meta: dict) -> dict | None:
+    """Sampler.info() passed as meta["sampler"], or spread into meta (``**sampler.info()``)."""
+    if isinstance(meta.get("sampler"), dict):
+        return meta["sampler"]
+    info = {k: meta[k] for k in _SAMPLER_KEYS if k in meta}
+    return info or None
+
+
+def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = None, meta: dict | None = None) -> dict:
+    """Combine the raw timer record, the sampler CSV and the stage meta into the timing dict (see the schema).
+
+    ``raw``: ``StageTimer.raw()`` (None/{} when the worker wrote nothing). ``wall_s``: supervisor wall time of the
+    stage (all attempts). ``meta``: stage, batch, workers, amp, img, cache, device, epochs, attempts, threads, gpus
+    (+ optional gpu_names / sampler info).
+    """
+    raw = dict(raw or {})
+    meta = dict(meta or {})
+    warnings: list[str] = []
+    epochs_raw = list(raw.get("epochs") or [])
+    final = raw.get("final") or {}
+
+    # ---------------------------------------------------------------- epochs
+    # DDP: the timer runs on rank 0 and counts its own share of each batch; DistributedSampler splits evenly
+    world = int(_f(meta.get("gpus")) or 1) if (_f(meta.get("gpus")) or 1) > 1 else 1
+    epochs = []
+    for e in epochs_raw:
+        train_s = _f(e.get("train_s")) or 0.0
+        images = int(e.get("images") or 0) * world
+        batches = int(e.get("batches") or 0)
+        epochs.append({
+            "epoch": int(e.get("epoch", len(epochs))),
+            "complete": bool(e.get("complete", False)),
+            "train_s": round(train_s, 4),
+            "data_wait_s": round(_f(e.get("data_wait_s")) or 0.0, 4),
+            "compute_s": round(_f(e.get("compute_s")) or 0.0, 4),
+            "val_s": round(_f(e.get("val_s")) or 0.0, 4),
+            "checkpoint_s": round(_f(e.get("checkpoint_s")) or 0.0, 4),
+            "logging_s": round((_f(e.get("logging_s")) or 0.0) + (_f(e.get("batch_logging_s")) or 0.0), 4),
+            "other_s": round((_f(e.get("tail_s")) or 0.0) + (_f(e.get("gap_before_s")) or 0.0), 4),
+            "batches": batches,
+            "images": images,
+            "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
+            "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
+            "compute_p50_s": _f(e.get("compute_p50_s")),
+            "data_wait_p90_s": _f(e.get("data_wait_p90_s")),
+            "validated": bool(e.get("validated", False)),
+            "saved": bool(e.get("saved", False)),
+        })
+
+    # ---------------------------------------------------------------- phases
+    ph = {
+        "setup": _f(raw.get("setup_s")) or 0.0,
+        "train": sum(e["train_s"] for e in epochs),
+        "val": sum(e["val_s"] for e in epochs) + (_f(final.get("val_s")) or 0.0),
+        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (_f(final.get("checkpoint_s")) or 0.0),
+        "logging": sum(e["logging_s"] for e in epochs) + (_f(final.get("logging_s")) or 0.0),
+    }
+    if raw.get("setup_s") is None:
+        warnings.append("setup time unknown (no process start or on_train_start)")
+    measured = sum(ph.values())
+    wall = _f(wall_s)
+    if wall is None:
+        wall = measured
+        warnings.append("wall_s not given: using the sum of measured phases")
+    if measured > wall + 1e-6:
+        warnings.append(f"measured phases ({measured:.3f} s) exceed wall_s ({wall:.3f} s): wall_s raised to match")
+        wall = measured
+    ph["other"] = max(wall - measured, 0.0)
+    phases = {k: {"s": round(ph[k], 4), "share": round(ph[k] / wall, 5) if wall > 0 else 0.0} for k in PHASES}
+
+    # ---------------------------------------------------------------- throughput
+    complete = [e for e in epochs if e["complete"] and e["train_s"] > 0] or [e for e in epochs if e["train_s"] > 0]
+    steady = complete[1:] if len(complete) > 1 else complete
+    basis = "epochs after the first" if len(complete) > 1 else ("the only epoch" if complete else "no epochs")
+    st_train = sum(e["train_s"] for e in steady)
+    throughput = {
+        "steady_images_per_s": round(sum(e["images"] for e in steady) / st_train, 3) if st_train > 0 else None,
+        "steady_it_per_s": round(sum(e["batches"] for e in steady) / st_train, 4) if st_train > 0 else None,
+        "steady_epoch_train_s": round(st_train / len(steady), 4) if steady else None,
+        "basis": basis,
+        "steady_epochs": [e["epoch"] for e in steady],
+        "rank0_images_scale": world,
+    }
+
+    def dw_share(es):
+        dw = sum(e["data_wait_s"] for e in es)
+        cp = sum(e["compute_s"] for e in es)
+        return round(dw / (dw + cp), 5) if dw + cp > 0 else None
+
+    data_wait = {
+        "share": dw_share(epochs),
+        "steady_share": dw_share(steady),
+        "data_wait_s": round(sum(e["data_wait_s"] for e in epochs), 4),
+        "compute_s": round(sum(e["compute_s"] for e in epochs), 4),
+    }
+    if len(complete) > 1 and throughput["steady_epoch_train_s"]:
+        feo = round(complete[0]["train_s"] / throughput["steady_epoch_train_s"], 4)
+        feo_reason = None
+    else:
+        feo, feo_reason = None, "needs at least 2 complete epochs"
+
+    # ---------------------------------------------------------------- telemetry
+    cols, rows = read_telemetry(telemetry_csv)
+    if telemetry_csv is not None and not rows:
+        warnings.append("telemetry.csv missing or empty")
+    win_rows, window = _window(rows, _f(raw.get("train_start_unix")), _f(raw.get("train_end_unix")))
+    gpu = _gpu_section(cols, rows, win_rows, window, raw.get("memory") or {}, meta)
+    cpu = _cpu_section(cols, rows, win_rows)
+
+    b = meta.get("batch")
+    config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
+                                        "val_period", "plots")}
+    config["effective_batch"] = effective_batch(b)
+    sd = {"imports_s": _f(raw.get("setup_imports_s")), "build_s": _f(raw.get("setup_build_s"))}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "stage": meta.get("stage"),
+        "finished": bool(raw.get("finished", False)),
+        "epochs_completed": sum(1 for e in epochs if e["complete"]),
+        "wall_s": round(wall, 4),
+        "phases": phases,
+        "setup_detail": sd,
+        "epochs": epochs,
+        "throughput": throughput,
+        "data_wait": data_wait,
+        "first_epoch_overhead": feo,
+        "first_epoch_overhead_reason": feo_reason,
+        "gpu": gpu,
+        "cpu": cpu,
+        "config": config,
+        "attempts": list(meta.get("attempts") or []),
+        "telemetry": {"samples": len(rows), "window_samples": len(win_rows), "gpu_status": gpu["reason"] or "ok",
+                      "sampler": _sampler_info(meta)},
+        "sync": raw.get("sync"),
+        "warnings": warnings + [f"timer: {x}" for x in raw.get("errors") or []],
+    }
+
+
+def load_schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def validate_timing(timing: dict) -> None:
+    """Raise jsonschema.ValidationError when ``timing`` does not match timing.schema.json."""
+    import jsonschema
+
+    jsonschema.Draft202012Validator(load_schema()).validate(timing)
+
+
+def _fmt(v, spec="{:.3g}", none="n/a"):
+    return none if v is None else spec.format(v)
+
+
+def timing_markdown(t: dict) -> str:
+    ph = t["phases"]
+    lines = [f"# Timing: {t.get('stage') or 'stage'}", "",
+             f"Wall {t['wall_s']:.1f} s, {t['epochs_completed']} epoch(s) completed"
+             + ("" if t["finished"] else " (training did not finish)") + ".", "",
+             "| phase | seconds | share |", "|---|---:|---:|"]
+    lines += [f"| {k} | {ph[k]['s']:.2f} | {100 * ph[k]['share']:.1f} % |" for k in PHASES]
+    th, g, c = t["throughput"], t["gpu"], t["cpu"]
+    lines += ["",
+              f"- Steady state ({th['basis']}): {_fmt(th['steady_images_per_s'])} images/s, "
+              f"{_fmt(th['steady_it_per_s'])} it/s",
+              f"- Data wait: {_fmt(t['data_wait']['share'] and 100 * t['data_wait']['share'], '{:.1f}')} % of step time",
+              f"- First epoch / steady epoch: {_fmt(t['first_epoch_overhead'], '{:.2f}')}"
+              + (f" ({t['first_epoch_overhead_reason']})" if t["first_epoch_overhead_reason"] else ""),
+              ]
+    if g["available"]:
+        u = g["util_pct"]
+        lines.append(f"- GPU util ({g['window']} window): mean {u['mean']:.0f} %, p10 {u['p10']:.0f} %, "
+                     f"p50 {u['p50']:.0f} %, p90 {u['p90']:.0f} %; peak memory share "
+                     f"{_fmt(g['peak_memory_share'] and 100 * g['peak_memory_share'], '{:.0f}')} %")
+    else:
+        lines.append(f"- GPU: none ({g['reason']})")
+    lines.append(f"- CPU util mean {_fmt(c['util_mean_pct'], '{:.0f}')} % of {c['cores'] or '?'} cores; "
+                 f"peak RSS {_fmt(c['peak_rss_mb'], '{:.0f}')} MB")
+    cfg = t["config"]
+    lines.append("- Config: " + ", ".join(f"{k}={cfg[k]}" for k in cfg if cfg[k] is not None))
+    for w in t["warnings"]:
+        lines.append(f"- Warning: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def write_timing(stage_dir, timing: dict) -> dict:
+    """Validate against the schema, then write ``timing.json`` and ``timing.md`` into ``stage_dir``."""
+    validate_timing(timing)
+    d = Path(stage_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    out = {"json": d / "timing.json", "md": d / "timing.md"}
+    tmp = out["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(timing, indent=2))
+    os.replace(tmp, out["json"])
+    out["md"].write_text(timing_markdown(timing))
+    return out

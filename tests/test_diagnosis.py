@@ -1,0 +1,194 @@
+"""diagnose(): one test per class + healthy, GPU and CPU-only evidence, from synthetic timing dicts."""
+
+import copy
+import json
+
+import pytest
+
+from stagedyolo.diagnosis import THRESHOLDS, diagnose, thresholds_markdown, verdict_line, write_diagnosis
+from stagedyolo.telemetry.summary import validate_timing
+
+
+def ep(i, train=10.0, dw=0.2, cp=9.6, val=0.5, ckpt=0.2, log=0.1, images=6400, validated=True):
+    return {"epoch": i, "complete": True, "train_s": train, "data_wait_s": dw, "compute_s": cp, "val_s": val,
+            "checkpoint_s": ckpt, "logging_s": log, "other_s": 0.0, "batches": 100, "images": images,
+            "images_per_s": images / train, "it_per_s": 100 / train, "compute_p50_s": cp / 100,
+            "data_wait_p90_s": 0.01, "validated": validated, "saved": True}
+
+
+def stats(p50):
+    return {"mean": p50, "p10": p50 * 0.8, "p50": p50, "p90": min(100, p50 * 1.1), "max": 100, "n": 50}
+
+
+def timing(gpu=True, util=92.0, mem=0.6, dws=0.02, feo=1.1, epochs=None, cpu_util=50.0, cores=16, workers=8,
+           batch=64, amp=True, img=640, cache="none", avail=50000.0, total=64000.0, threads=None):
+    eps = epochs or [ep(i) for i in range(5)]
+    dw = sum(e["data_wait_s"] for e in eps)
+    cp = sum(e["compute_s"] for e in eps)
+    t = {
+        "schema_version": 1, "stage": "fine", "finished": True, "epochs_completed": len(eps), "wall_s": 100.0,
+        "phases": {k: {"s": 100 / 6, "share": 1 / 6} for k in ("setup", "train", "val", "checkpoint", "logging", "other")},
+        "setup_detail": {"imports_s": 5.0, "build_s": 5.0}, "epochs": eps,
+        "throughput": {"steady_images_per_s": 640.0, "steady_it_per_s": 10.0, "steady_epoch_train_s": 10.0,
+                       "basis": "epochs after the first", "steady_epochs": [1, 2, 3, 4],
+                       "rank0_images_scale": 1},
+        "data_wait": {"share": dws, "steady_share": dws, "data_wait_s": dw, "compute_s": cp},
+        "first_epoch_overhead": feo, "first_epoch_overhead_reason": None,
+        "gpu": {"available": gpu, "reason": None if gpu else "no NVML: NVMLError_LibraryNotFound", "count": 1 if gpu else 0,
+                "names": [], "window": "train", "util_pct": stats(util) if gpu else None, "per_gpu": [],
+                "torch_peak_allocated_mb": None, "torch_peak_reserved_mb": None, "torch_total_mb": None,
+                "torch_memory_reason": None, "nvml_peak_used_mb": None, "nvml_total_mb": None,
+                "peak_memory_share": mem if gpu else None},
+        "cpu": {"cores": cores, "util_mean_pct": cpu_util, "util_p90_pct": cpu_util, "busy_cores_mean": None,
+                "peak_rss_mb": 3000.0, "ram_total_mb": total, "ram_available_min_mb": avail, "disk_read_mb": None},
+        "config": {"batch": batch, "effective_batch": max(batch, 64), "workers": workers, "amp": amp, "img": img,
+                   "cache": cache, "device": "0" if gpu else "cpu", "epochs": len(eps), "threads": threads,
+                   "gpus": 1 if gpu else 0, "val_period": None, "plots": False},
+        "attempts": [], "telemetry": {"samples": 50, "window_samples": 40, "gpu_status": "ok", "sampler": None},
+        "sync": None, "warnings": [],
+    }
+    validate_timing(t)  # the synthetic dicts are real timing.json documents
+    return t
+
+
+def codes(f):
+    return [x["code"] for x in f]
+
+
+def test_healthy():
+    f = diagnose(timing())
+    assert codes(f) == ["healthy"] and f[0]["change"] == "none"
+    assert "healthy" in verdict_line("fine", f)
+
+
+def test_data_loading_bound_more_workers():
+    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=40.0, cores=16, workers=4))
+    assert codes(f)[0] == "data_loading_bound"
+    assert f[0]["change"] == "stages.fine.workers: 8"
+    ev = f[0]["evidence"]["data_wait_share"]
+    assert ev["value"] == 0.3 and ev["threshold"] == THRESHOLDS["data_wait_share"][0]
+    assert "batch_too_small" not in codes(f)  # low util explained by the loader, not the batch
+
+
+def test_data_loading_bound_busy_cpus_cache():
+    # 6400 images at 640 px = 7.5 GiB decoded: fits in 50 GB available -> ram
+    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4))
+    assert f[0]["code"] == "data_loading_bound" and f[0]["change"] == "stages.fine.cache: ram"
+    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, avail=4000.0))
+    assert f[0]["change"] == "stages.fine.cache: disk"
+
+
+def test_batch_too_small():
+    f = diagnose(timing(util=35.0, mem=0.2, batch=16, dws=0.01))
+    assert codes(f) == ["batch_too_small"]
+    assert f[0]["change"] == "stages.fine.batch: 64"  # 0.8 / 0.2 = 4x
+    assert f[0]["evidence"]["gpu_util_p50_pct"]["op"] == "<"
+
+
+def test_batch_too_small_memory_headroom_capped_at_nominal():
+    f = diagnose(timing(util=70.0, mem=0.05, batch=32, dws=0.01))
+    assert codes(f) == ["batch_too_small"] and f[0]["change"] == "stages.fine.batch: 64"
+    assert codes(diagnose(timing(util=70.0, mem=0.05, batch=64, dws=0.01))) == ["healthy"]
+
+
+def test_memory_bound_amp_first_then_img():
+    f = diagnose(timing(mem=0.96, amp=False, batch=8))
+    assert f[0]["code"] == "memory_bound" and f[0]["change"] == "stages.fine.amp: true"
+    f = diagnose(timing(mem=0.96, amp=True, batch=8, img=640))
+    assert f[0]["change"] == "stages.fine.img: 480"
+    f = diagnose(timing(mem=0.96, amp=True, batch=64))
+    assert f[0]["change"] == "stages.fine.batch: 32"
+
+
+def test_periodic_stalls_val_period():
+    eps = [ep(i, train=10.0, val=5.0) for i in range(10)]
+    f = diagnose(timing(epochs=eps))
+    assert codes(f) == ["periodic_stalls"]
+    # val share 5/15.3; val every N epochs: 5/(N*10.3+5) <= 5 % -> N = ceil(5*0.95/(0.05*10.3)) = 10
+    assert f[0]["change"] == "stages.fine.val_period: 10"
+    assert f[0]["key_metric"] == "val_share"
+
+
+def test_periodic_stalls_checkpoint_and_logging():
+    eps = [ep(i, ckpt=2.0, log=3.0) for i in range(4)]
+    f = diagnose(timing(epochs=eps))
+    assert f[0]["code"] == "periodic_stalls" and f[0]["key_metric"] == "logging_share"
+    assert "TensorBoard" in f[0]["change"]
+    assert any("nosave" in a for a in f[0]["also"])
+
+
+def test_slow_first_epoch_cache():
+    f = diagnose(timing(feo=3.0, cache="none"))
+    assert codes(f) == ["slow_first_epoch"] and f[0]["change"] == "stages.fine.cache: ram"
+    f = diagnose(timing(feo=3.0, cache="ram"))
+    assert codes(f) == ["healthy"]
+    assert any(n["code"] == "slow_first_epoch" for n in f.not_evaluated)
+
+
+def test_cpu_only_never_invents_gpu_values():
+    t = timing(gpu=False, dws=0.2, cpu_util=60.0, cores=2, workers=0, threads=1)
+    f = diagnose(t)
+    assert codes(f) == ["data_loading_bound"] and f[0]["change"] == "stages.fine.workers: 1"
+    assert "no GPU" in f[0]["why"]
+    blob = json.dumps(list(f))  # findings only (the thresholds table names GPU metrics)
+    assert "gpu_util" not in blob and "peak_memory_share" not in blob
+    skipped = {n["code"]: n["reason"] for n in f.not_evaluated}
+    assert "batch_too_small" in skipped and "NVML" in skipped["batch_too_small"]
+
+
+def test_cpu_only_memory_bound_on_host_ram():
+    f = diagnose(timing(gpu=False, avail=2000.0, total=64000.0, cache="ram"))
+    assert f[0]["code"] == "memory_bound" and f[0]["change"] == "stages.fine.cache: disk"
+
+
+def test_cpu_only_healthy():
+    assert codes(diagnose(timing(gpu=False))) == ["healthy"]
+
+
+def test_order_and_verdict_and_files(tmp_path):
+    eps = [ep(i, val=4.0) for i in range(5)]
+    t = timing(epochs=eps, mem=0.95, amp=False, dws=0.25, cpu_util=30.0, workers=2)
+    f = diagnose(t)
+    assert codes(f)[0] == "memory_bound"  # OOM risk first
+    assert set(codes(f)) == {"memory_bound", "data_loading_bound", "periodic_stalls"}
+    line = verdict_line("fine", f)
+    assert line.startswith("[fine] bottleneck: Memory-bound") and "amp: true" in line and "+2 more" in line
+    out = write_diagnosis(tmp_path, f)
+    d = json.loads(out["json"].read_text())
+    assert [x["code"] for x in d["findings"]] == codes(f) and d["verdict"] == line
+    assert set(d["thresholds"]) == set(THRESHOLDS)
+    assert "amp: true" in out["md"].read_text()
+
+
+def test_thresholds_table_has_sources():
+    md = thresholds_markdown()
+    for k, (v, unit, src) in THRESHOLDS.items():
+        assert src and unit and f"`{k}`" in md
+
+
+def test_input_not_mutated():
+    t = timing(feo=3.0)
+    before = copy.deepcopy(t)
+    diagnose(t)
+    assert t == before
+
+
+def test_docs_list_every_threshold():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "timing.md").read_text()
+    for k, (v, _, _) in THRESHOLDS.items():
+        assert f"| `{k}` | {v:g} |" in doc, k
+
+
+def test_cli_diagnose(tmp_path, capsys):
+    from stagedyolo.cli import main
+
+    (tmp_path / "timing.json").write_text(json.dumps(timing(feo=3.0)))
+    assert main(["diagnose", str(tmp_path), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == "[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) -> stages.fine.cache: ram"
+    assert main(["diagnose", str(tmp_path), "--json", "--write", "--stage", "s2"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["findings"][0]["change"] == "stages.s2.cache: ram"
+    assert (tmp_path / "diagnosis.md").exists()
+    assert main(["diagnose", str(tmp_path / "nope")]) == 2

@@ -1,0 +1,411 @@
+"""Tests for stagedyolo.launch: stage commands, ports, LR scaling and the process supervisor (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stagedyolo.launch import (
+    DDP_TIMEOUT_ENV,
+    LaunchError,
+    bound_init_process_group_timeout,
+    build_stage_command,
+    free_port,
+    run_supervised,
+    supervise,
+    scaled_lr0,
+    visible_gpus,
+    yolov5_device,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_JOB = Path(__file__).with_name("fake_ddp_job.py")
+WORKER = ["-m", "stagedyolo.engine.worker", "/runs/a/plan.json"]
+
+
+# ----------------------------------------------------------------------------------------------- ports
+
+
+def test_free_port_returns_the_preferred_port_when_it_is_free():
+    port = free_port(0)  # some free port, then ask for it by number
+    assert free_port(port) == port
+
+
+def test_free_port_picks_another_free_port_when_the_preferred_one_is_taken():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        port = free_port(taken)
+        assert port != taken
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))  # raises if it is not free
+
+
+# ----------------------------------------------------------------------------------------------- commands
+
+
+def test_one_gpu_runs_the_worker_directly_on_the_schedulers_gpu():
+    scheduler_env = {"CUDA_VISIBLE_DEVICES": "3", "OMP_NUM_THREADS": "4"}
+    argv, env = build_stage_command(WORKER, 1, 30, python="/py", env=scheduler_env)
+    assert argv == ["/py", *WORKER]
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert DDP_TIMEOUT_ENV not in env
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_n_gpus_run_torchrun_on_a_port_the_os_picks(gpus):
+    argv, env = build_stage_command(WORKER, gpus, 64, python="/py", env={"OMP_NUM_THREADS": "16"}, ddp_timeout_s=600)
+
+    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert argv[-len(WORKER):] == WORKER
+    launcher_options = argv[3:-len(WORKER)]
+    assert _option(launcher_options, "--nproc-per-node") == str(gpus)
+    assert _option(launcher_options, "--nnodes") == "1"
+    assert _option(launcher_options, "--rdzv-backend") == "c10d"
+    assert _option(launcher_options, "--rdzv-endpoint") == "127.0.0.1:0"  # bound by the OS: no race, no clash
+    assert _option(launcher_options, "--max-restarts") == "0"
+    assert env["OMP_NUM_THREADS"] == str(16 // gpus)
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(gpus))
+    assert env[DDP_TIMEOUT_ENV] == "600"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_an_explicit_port_is_used_and_the_schedulers_gpus_are_kept():
+    argv, env = build_stage_command(WORKER, 2, 32, env={"CUDA_VISIBLE_DEVICES": "5,7,2"}, port=29611)
+    assert _option(argv, "--rdzv-endpoint") == "127.0.0.1:29611"
+    assert env["CUDA_VISIBLE_DEVICES"] == "5,7"
+
+
+def test_a_batch_that_does_not_divide_over_the_gpus_is_rejected_with_the_nearest_choices():
+    with pytest.raises(LaunchError) as error:
+        build_stage_command(WORKER, 4, 30, stage="finetune")
+    assert str(error.value) == (
+        "stages.finetune.batch 30 is the total batch over 4 GPUs and must be a multiple of 4: use 28 or 32"
+    )
+    with pytest.raises(LaunchError, match="use 4$"):
+        build_stage_command(WORKER, 4, 2)
+    with pytest.raises(LaunchError, match="AutoBatch"):
+        build_stage_command(WORKER, 2, -1)
+
+
+def test_more_gpus_than_the_scheduler_gave_are_rejected():
+    with pytest.raises(LaunchError, match=r"gpus is 4 but CUDA_VISIBLE_DEVICES='1,2' leaves 2 visible"):
+        build_stage_command(WORKER, 4, 64, env={"CUDA_VISIBLE_DEVICES": "1,2"})
+
+
+def test_visible_gpus_reads_the_schedulers_choice_like_cuda_does():
+    assert visible_gpus({}) is None
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a1b2,MIG-c3"}) == ["GPU-a1b2", "MIG-c3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at the first invalid id
+
+
+def test_yolov5_device_never_names_gpu_ids_that_yolov5_would_write_into_cuda_visible_devices():
+    assert yolov5_device(0) == "cpu"
+    assert yolov5_device(1) == yolov5_device(4) == ""
+
+
+def _option(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+# ----------------------------------------------------------------------------------------------- LR and timeout
+
+
+def test_lr_is_not_scaled_by_default():
+    assert scaled_lr0(0.01, 256, "none") == 0.01
+
+
+def test_linear_lr_scaling_follows_the_effective_batch_yolov5_steps_with():
+    assert scaled_lr0(0.01, 16, "linear") == pytest.approx(0.01)  # accumulate 4: already 64
+    assert scaled_lr0(0.01, 64, "linear") == pytest.approx(0.01)
+    assert scaled_lr0(0.01, 48, "linear") == pytest.approx(0.0075)  # accumulate rounds to 1
+    assert scaled_lr0(0.01, 256, "linear") == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="lr_scaling must be one of none, linear"):
+        scaled_lr0(0.01, 64, "sqrt")
+
+
+def test_init_process_group_gets_the_configured_timeout_unless_one_is_given(monkeypatch):
+    calls = []
+    fake_dist = types.SimpleNamespace(init_process_group=lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setenv(DDP_TIMEOUT_ENV, "90")
+    assert bound_init_process_group_timeout(dist=fake_dist) == timedelta(seconds=90)
+    bound_init_process_group_timeout(dist=fake_dist)  # a second call must not wrap twice
+    fake_dist.init_process_group(backend="gloo")
+    fake_dist.init_process_group(backend="gloo", timeout=timedelta(seconds=5))
+    fake_dist.init_process_group("gloo", None, timedelta(seconds=7))
+    assert calls == [
+        ((), {"backend": "gloo", "timeout": timedelta(seconds=90)}),
+        ((), {"backend": "gloo", "timeout": timedelta(seconds=5)}),
+        (("gloo", None, timedelta(seconds=7)), {}),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- supervisor
+
+
+def _pythonpath_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _still_running(pids) -> list[int]:
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def _wait_until_gone(pids, within_s: float) -> list[int]:
+    give_up_at = time.monotonic() + within_s
+    while _still_running(pids) and time.monotonic() < give_up_at:
+        time.sleep(0.05)
+    return _still_running(pids)
+
+
+def _kill_leftovers(pids) -> None:
+    """Test hygiene: whatever a failing test left behind must not outlive it."""
+    for pid in _still_running(pids):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_a_grandchild_that_ignores_sigterm_is_killed_once_the_child_exits(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    child = textwrap.dedent(f"""
+        import subprocess, sys
+        grandchild = subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"],
+            stdout=subprocess.PIPE)
+        grandchild.stdout.readline()  # it ignores SIGTERM from now on
+        open({str(pid_file)!r}, "w").write(str(grandchild.pid))
+        sys.exit(3)
+    """)
+    started = []
+    handler_before = signal.getsignal(signal.SIGTERM)
+    try:
+        began = time.monotonic()
+        assert run_supervised([sys.executable, "-c", child], None, grace_s=1.0, on_start=started.append) == 3
+        elapsed = time.monotonic() - began
+        grandchild = int(pid_file.read_text())
+        assert started and _still_running([started[0], grandchild]) == []
+        assert 1.0 <= elapsed < 5  # it waited out the grace for SIGTERM, then killed
+    finally:
+        _kill_leftovers([int(pid_file.read_text())] if pid_file.exists() else [])
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the supervisor's handlers were removed
+
+
+def _signal_me_when_ready(ready_file: Path, *signals: int) -> threading.Thread:
+    """Send signals to this (the supervising) process once the child is up, as Snakemake would on cancel."""
+
+    def send() -> None:
+        _wait_for(ready_file.exists, within_s=20)
+        for sig in signals:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.2)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender
+
+
+def test_a_stop_signal_is_forwarded_to_the_child(tmp_path):
+    ready = tmp_path / "ready"
+    child = textwrap.dedent(f"""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+        open({str(ready)!r}, "w").close()
+        time.sleep(30)
+    """)
+    _signal_me_when_ready(ready, signal.SIGTERM)
+    result = supervise([sys.executable, "-c", child], None, grace_s=10)
+    assert (result.returncode, result.stop_signal, result.killed_pids) == (42, signal.SIGTERM, [])
+
+
+def test_a_second_stop_signal_kills_at_once(tmp_path):
+    ready = tmp_path / "ready"
+    child = textwrap.dedent(f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        open({str(ready)!r}, "w").close()
+        time.sleep(30)
+    """)
+    _signal_me_when_ready(ready, signal.SIGTERM, signal.SIGINT)
+    began = time.monotonic()
+    result = supervise([sys.executable, "-c", child], None, grace_s=20)
+    assert result.returncode == -signal.SIGKILL and result.stop_signal == signal.SIGTERM
+    assert time.monotonic() - began < 10  # not the 20 s grace
+
+
+def test_exit_when_parent_dies_ends_the_orphan_and_its_group(tmp_path):
+    pid_file = tmp_path / "pids"
+    orphan_code = (
+        "import os, subprocess, sys, time; from stagedyolo.launch import exit_when_parent_dies; "
+        "os.setpgid(0, 0); exit_when_parent_dies(poll_s=0.1, grace_s=0.5); "
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{worker.pid}}'); time.sleep(60)"
+    )
+    parent_code = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {orphan_code!r}]); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], env=_pythonpath_env())
+    pids: list[int] = []
+    try:
+        _wait_for(lambda: pid_file.exists() and pid_file.read_text(), within_s=20)
+        pids = [int(pid) for pid in pid_file.read_text().split()]
+        parent.kill()
+        parent.wait()
+        assert _wait_until_gone(pids, within_s=3) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        _kill_leftovers(pids)
+
+
+def _wait_for(condition, within_s: float) -> None:
+    give_up_at = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < give_up_at, "timed out waiting for the fake stage"
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------------------------- a fake DDP stage
+
+# The supervisor runs in its own process so that the test can signal it, as Snakemake would.
+SUPERVISOR_SOURCE = """
+import dataclasses, json, sys
+from stagedyolo.launch import build_stage_command, supervise
+spec = json.loads(sys.argv[1])
+argv, env = build_stage_command(spec["job"], 2, 4, ddp_timeout_s=spec["ddp_timeout_s"], rank_shutdown_s=2)
+on_start = lambda pid: open(spec["pid_dir"] + "/launcher.json", "w").write(json.dumps({"launcher": pid}))
+result = supervise(argv, env, grace_s=spec["grace_s"], on_start=on_start)
+open(spec["pid_dir"] + "/result", "w").write(json.dumps(dataclasses.asdict(result)))
+"""
+
+
+class FakeStage:
+    """A supervisor process running tests/fake_ddp_job.py on 2 gloo ranks, and every PID it reports."""
+
+    def __init__(self, pid_dir: Path, *job_options: str, grace_s: float = 2.0, ddp_timeout_s: int = 600):
+        self.pid_dir = pid_dir
+        spec = {
+            "job": [str(FAKE_JOB), "--pid-dir", str(pid_dir), *job_options],
+            "pid_dir": str(pid_dir), "grace_s": grace_s, "ddp_timeout_s": ddp_timeout_s,
+        }
+        # The result goes to a file, not a pipe: the stage inherits the supervisor's stdout, and a pipe held open
+        # by a leftover rank would block reading it.
+        self.supervisor = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISOR_SOURCE, json.dumps(spec)], env=_pythonpath_env()
+        )
+
+    def wait_until_training(self, within_s: float = 60) -> list[int]:
+        files = ["launcher.json", "rank0.json", "rank1.json"]
+        _wait_for(lambda: all((self.pid_dir / name).exists() for name in files), within_s)
+        return self.pids()
+
+    def pids(self) -> list[int]:
+        return [pid for path in self.pid_dir.glob("*.json") for pid in json.loads(path.read_text()).values()]
+
+    def result(self, within_s: float) -> dict:
+        self.supervisor.wait(timeout=within_s)
+        return json.loads((self.pid_dir / "result").read_text())
+
+    def clean_up(self) -> None:
+        try:
+            descendants = [process.pid for process in psutil.Process(self.supervisor.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            descendants = []
+        self.supervisor.kill()
+        self.supervisor.wait()
+        _kill_leftovers(descendants + self.pids())
+
+
+# Each fake stage imports torch in 3 processes (~7 CPU-seconds). Starting all four at once, before the first test
+# needs one, overlaps those imports and the stages' waits.
+STAGE_SETTINGS = {
+    "stopped": dict(grace_s=2.0),
+    "dying_rank": dict(job_options=("--die-rank", "1"), grace_s=1.0),
+    # The timeout also bounds the ranks' first rendezvous, so it leaves room for a rank that imports torch slowly.
+    "hung_rank": dict(job_options=("--hang-rank", "1"), grace_s=1.0, ddp_timeout_s=8),
+    "supervisor_killed": dict(job_options=("--loader-watches-parent",), grace_s=2.0),
+}
+
+
+@pytest.fixture(scope="module")
+def fake_stages(tmp_path_factory):
+    stages = {}
+    try:
+        for name, settings in STAGE_SETTINGS.items():
+            settings = dict(settings)
+            options = settings.pop("job_options", ())
+            stages[name] = FakeStage(tmp_path_factory.mktemp(name), *options, **settings)
+        yield stages
+    finally:
+        for stage in stages.values():
+            stage.clean_up()
+
+
+def test_sigterm_to_the_supervisor_ends_every_rank_and_worker_within_the_grace(fake_stages):
+    stage = fake_stages["stopped"]
+    pids = stage.wait_until_training()
+    assert len(pids) == 5  # torchrun, 2 ranks, 2 loader workers
+    stopped_at = time.monotonic()
+    stage.supervisor.send_signal(signal.SIGTERM)
+    result = stage.result(within_s=15)
+    assert result["stop_signal"] == signal.SIGTERM
+    assert _still_running(pids) == []
+    # The loaders ignore SIGTERM and are orphans once their rank dies: the supervisor must have remembered them
+    # (test_a_grandchild_... covers finding orphans through their process group) and SIGKILLed them.
+    loaders = {json.loads((stage.pid_dir / f"rank{rank}.json").read_text())["loader"] for rank in (0, 1)}
+    assert loaders <= set(result["killed_pids"])
+    assert time.monotonic() - stopped_at < 2.0 + 3  # the grace, plus SIGKILL and polling
+
+
+def test_a_dying_rank_ends_the_stage_instead_of_hanging_it(fake_stages):
+    stage = fake_stages["dying_rank"]
+    pids = stage.wait_until_training()
+    result = stage.result(within_s=15)  # torchrun sees the death and stops rank 0 (shutdown bound 2 s)
+    assert result["returncode"] != 0 and result["stop_signal"] is None
+    assert _still_running(pids) == []
+
+
+def test_a_hung_rank_ends_the_stage_after_the_ddp_timeout(fake_stages):
+    # Rank 1 stops taking part without dying: only the collective timeout can end rank 0's wait.
+    stage = fake_stages["hung_rank"]
+    pids = stage.wait_until_training()
+    result = stage.result(within_s=25)
+    assert result["returncode"] != 0
+    assert _still_running(pids) == []
+
+
+def test_sigkill_to_the_supervisor_still_ends_the_stage(fake_stages):
+    # Nothing is left to clean up: torchrun gets SIGTERM from the kernel (parent death signal) and ends its ranks;
+    # loader workers leave when their rank is gone, as PyTorch's do.
+    stage = fake_stages["supervisor_killed"]
+    pids = stage.wait_until_training()
+    stage.supervisor.kill()
+    assert _wait_until_gone(pids, within_s=10) == []

@@ -1,0 +1,111 @@
+"""The probe: the pipeline model and choosing rule on synthetic measurements, then one real run on a tiny demo."""
+
+import json
+
+import pytest
+import yaml
+
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
+
+CONFIG = yaml.safe_load(open("config/config.yaml"))
+
+
+def loader(workers, images_per_s, threads):
+    return {"workers": workers, "torch_threads": threads, "images_per_s": images_per_s}
+
+
+def model(batch, images_per_s, threads=1, amp=False, peak=None, status="ok"):
+    return {"batch": batch, "amp": amp, "torch_threads": threads, "images_per_s": images_per_s,
+            "peak_memory_bytes": peak, "status": status}  # fmt: skip
+
+
+def test_zero_workers_load_then_compute_in_series():
+    rate, bound = predicted_images_per_s(0, 100.0, 25.0, torch_threads=2, cores=2, shares_cpu=True)
+    assert rate == pytest.approx(20.0) and bound == "serial"  # 1 / (1/100 + 1/25)
+
+
+def test_workers_overlap_loading_with_compute():
+    assert predicted_images_per_s(1, 100.0, 25.0, torch_threads=1, cores=2, shares_cpu=True) == (25.0, "compute")
+    assert predicted_images_per_s(1, 10.0, 25.0, torch_threads=1, cores=2, shares_cpu=True) == (10.0, "loader")
+
+
+def test_oversubscribed_cores_cap_the_prediction_on_cpu_only():
+    # 2 workers + 1 thread on 2 cores: each image costs 2/40 + 1/40 core-seconds, so 2 cores give 26.7 images/s.
+    rate, bound = predicted_images_per_s(2, 40.0, 40.0, torch_threads=1, cores=2, shares_cpu=True)
+    assert rate == pytest.approx(2 / (2 / 40 + 1 / 40)) and bound == "shared cores"
+    assert predicted_images_per_s(2, 40.0, 40.0, torch_threads=1, cores=2, shares_cpu=False) == (40.0, "loader")
+
+
+def test_cpu_candidates_use_the_model_run_at_the_threads_their_workers_leave():
+    candidates = combine([loader(0, 100.0, 2), loader(1, 100.0, 1)], [model(8, 30.0, 2), model(8, 50.0, 1)],
+                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    by_workers = {c["workers"]: c for c in candidates}
+    assert len(candidates) == 2
+    assert by_workers[0]["model_images_per_s"] == 30.0 and by_workers[1]["model_images_per_s"] == 50.0
+
+
+def test_the_choice_is_the_argmax_of_the_predicted_throughput():
+    candidates = combine([loader(0, 200.0, 2), loader(1, 60.0, 1)],
+                         [model(8, 40.0, 2), model(16, 50.0, 2), model(8, 45.0, 1), model(16, 80.0, 1)],
+                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    best = max(candidates, key=lambda c: c["predicted_images_per_s"])
+    assert (best["workers"], best["batch"]) == (1, 16)  # min(60, 80) = 60 beats 1/(1/200 + 1/50) = 40
+    assert choose(candidates) == {"workers": 1, "batch": 16, "amp": False}
+
+
+def test_within_three_percent_the_smaller_batch_wins():
+    candidates = combine([loader(1, 1000.0, 1)], [model(8, 98.0), model(16, 100.0), model(32, 101.0)],
+                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    assert choose(candidates)["batch"] == 8
+    candidates = combine([loader(1, 1000.0, 1)], [model(8, 96.0), model(16, 100.0)],
+                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    assert choose(candidates)["batch"] == 16  # 4 % slower is not a tie
+
+
+def test_the_memory_cap_and_failed_runs_exclude_candidates_on_cuda():
+    gib = 1 << 30
+    runs = [model(16, 500.0, amp=True, peak=4 * gib), model(32, 900.0, amp=True, peak=30 * gib),
+            model(64, 0.0, amp=True, status="oom"), model(32, 700.0, amp=False, peak=None)]  # fmt: skip
+    candidates = combine([loader(2, 5000.0, 14)], runs, cores=16, shares_cpu=False, memory_limit_bytes=20 * gib)
+    assert len(candidates) == 4
+    excluded = {(c["batch"], c["amp"]): c["excluded_because"] for c in candidates if not c["usable"]}
+    assert set(excluded) == {(32, True), (64, True), (32, False)}
+    assert "limit" in excluded[(32, True)] and "oom" in excluded[(64, True)]
+    assert choose(candidates) == {"workers": 2, "batch": 16, "amp": True}
+
+
+def test_nothing_usable_means_no_choice():
+    candidates = combine([loader(1, 10.0, 1)], [model(8, 0.0, status="oom")], cores=2, shares_cpu=True,
+                         memory_limit_bytes=None)  # fmt: skip
+    assert choose(candidates) == {}
+
+
+def test_probe_for_rule_measures_every_candidate_and_invents_no_gpu_numbers(tmp_path):
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
+    (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
+    settings = {**CONFIG["probe"], "seconds_per_candidate": 0.5, "workers": [0, 1], "batch": [2, 4]}
+    tuning_out = tmp_path / "run" / "probe" / "tuning.json"
+    probe_for_rule(str(data), cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out),
+                   settings=settings, stage_defaults=CONFIG["stage_defaults"], cfg="yolov5n.yaml", device="cpu",
+                   img=64, threads=2, log_path=str(tmp_path / "probe.log"))  # fmt: skip
+    tuning = json.loads(tuning_out.read_text())
+
+    loader_runs, model_runs = tuning["measurements"]["loader"], tuning["measurements"]["model"]
+    assert sorted(r["workers"] for r in loader_runs) == [0, 1]
+    assert all(r["images"] > 0 and r["images_per_s"] > 0 for r in loader_runs + model_runs)
+    # On 2 cores: 0 workers leave compute 2 threads, 1 worker leaves 1; every batch is timed at both.
+    assert sorted((r["batch"], r["torch_threads"]) for r in model_runs) == [(2, 1), (2, 2), (4, 1), (4, 2)]
+    assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
+
+    assert tuning["choice"] == choose(tuning["candidates"])
+    best = max(c["predicted_images_per_s"] for c in tuning["candidates"])
+    chosen = next(c for c in tuning["candidates"] if (c["workers"], c["batch"]) == (tuning["choice"]["workers"],
+                                                                                  tuning["choice"]["batch"]))  # fmt: skip
+    assert chosen["predicted_images_per_s"] >= 0.97 * best
+
+    assert all(r["amp"] is False for r in model_runs)  # AMP needs CUDA
+    assert all(r["peak_memory_bytes"] is None and r["peak_memory_reason"] for r in model_runs)
+    assert tuning["machine"]["gpu_total_memory_bytes"] is None and tuning["machine"]["memory_limit_bytes"] is None
+    assert any("AMP needs CUDA" in note for note in tuning["notes"])
+    assert not list((tmp_path / "data").rglob("*.cache"))  # the label cache stays out of the user's data

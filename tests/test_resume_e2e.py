@@ -1,0 +1,64 @@
+"""Crash safety end to end: SIGKILL the whole Snakemake process tree mid-`finetune`, rerun, and the stage resumes."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from snakemake_runner import REPO, SNAKEMAKE, make_workdir, snakemake
+
+pytestmark = pytest.mark.e2e
+
+
+def kill_tree(pid: int) -> None:
+    parent = psutil.Process(pid)
+    procs = [parent, *parent.children(recursive=True)]
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def wait_for_epochs(results_csv, epochs: int, process, timeout=600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if results_csv.exists() and len(results_csv.read_text().splitlines()) > epochs:
+            return
+        assert process.poll() is None, "snakemake ended before finetune finished an epoch"
+        time.sleep(0.2)
+    raise AssertionError("finetune never finished an epoch")
+
+
+def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
+    workdir = make_workdir(tmp_path, REPO / "tests" / "configs" / "tiny.yaml")
+    (workdir / "resume.yaml").write_text("stages:\n  finetune:\n    epochs: 4\nprobe:\n  enabled: false\n")
+    configs = [workdir / "tiny.yaml", workdir / "resume.yaml"]
+    run = workdir / "results" / "tiny"
+    argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", "--configfile", *map(str, configs)]
+    # Each batch sleeps a little, so an epoch lasts long enough to kill the tree between two epochs.
+    env = {**os.environ, "STAGEDYOLO_TEST_FAULT": "sleep@0.3"}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_epochs(run / "work" / "finetune" / "results.csv", 1, process)
+    finally:
+        kill_tree(process.pid)
+    finished = {s: (run / "stages" / s / "timing.json").stat().st_mtime_ns for s in ("smoke", "frozen")}
+
+    snakemake(workdir, "--unlock", configfiles=configs)  # a SIGKILLed Snakemake leaves its lock behind
+    rerun = snakemake(workdir, configfiles=configs)
+
+    assert "stage=smoke" not in rerun.stdout + rerun.stderr and "stage=frozen" not in rerun.stdout + rerun.stderr
+    assert {s: (run / "stages" / s / "timing.json").stat().st_mtime_ns for s in finished} == finished
+    log = (run / "logs" / "stages" / "finetune.log").read_text()
+    assert "resuming" in log and "Resuming training from" in log
+    epochs = [int(line.split(",")[0]) for line in (run / "stages" / "finetune" / "results.csv").read_text().splitlines()[1:]]
+    assert epochs == [0, 1, 2, 3]  # continued, not restarted (a restart would not say "Resuming")
+    attempts = json.loads((run / "stages" / "finetune" / "stage.json").read_text())["attempts"]
+    assert attempts[-1]["resumed_from"] and attempts[-1]["status"] == "ok"
+    assert (run / "report" / "summary.md").is_file()
