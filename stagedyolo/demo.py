@@ -160,8 +160,8 @@ def write_demo_for_rule(target_yaml: str, pretrain_yaml: str, settings: dict, lo
     Path(log_path).write_text("".join(f"wrote {path}\n" for path in written))
 
 
-def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, cfg: str, device: str, threads: int,
-                          log_path: str) -> None:  # fmt: skip
+def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, cfg: str, hyp: dict, device: str,
+                          threads: int, log_path: str) -> None:  # fmt: skip
     """The demo_pretrain rule: train `cfg` from scratch on the generic set; its last.pt plays the part of the
     official pretrained checkpoint a real user would download."""
     import shutil
@@ -173,7 +173,7 @@ def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, c
         "epochs": settings["epochs"], "img": settings["img"], "batch": settings["batch"], "lr0": settings["lr0"],
         "optimizer": settings["optimizer"], "workers": "auto", "freeze": 0, "cache": "ram", "amp": "auto",
         "device": device, "val_period": settings["epochs"], "gpus": 1, "sync_bn": False, "plots": False,
-        "hyp": {"mosaic": 0.0},
+        "hyp": hyp,
     }  # fmt: skip
     plan = build_plan(spec, stage="pretrain", data=data_yaml, weights=None, cfg=cfg, cache_mode="ram",
                       threads=threads, work_dir=out.parent / "work" / "pretrain")  # fmt: skip

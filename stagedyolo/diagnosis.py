@@ -47,6 +47,7 @@ THRESHOLDS: dict[str, tuple[float, str, str]] = {
 
 CLASSES = {
     "memory_bound": (3, "Memory-bound"),
+    "batch_reduced_after_oom": (3, "Ran out of memory; retried at a smaller batch"),
     "data_loading_bound": (1, "Data-loading bound"),
     "batch_too_small": (2, "Batch too small"),
     "periodic_stalls": (4, "Periodic stalls (validation / checkpoint / logging)"),
@@ -299,8 +300,8 @@ def diagnose(timing: dict, stage: str | None = None) -> Findings:
                 n = min(n, max(epochs, 2))
                 changes["val"] = f"stages.{stage}.val_period: {n}"
             if "checkpoint" in over:
-                changes["checkpoint"] = (f"stages.{stage}.nosave: true  (not a stagedyolo key yet: the adapter would "
-                                         "pass yolov5 --nosave; only last.pt at the end)")
+                changes["checkpoint"] = (f"stages.{stage}.nosave: true  (only last.pt, at the end: a stage killed "
+                                         "mid-way then restarts instead of resuming)")
             if "logging" in over:
                 changes["logging"] = (f"stages.{stage}.plots: false" if cfg.get("plots") is not False else
                                       "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml "
@@ -329,7 +330,17 @@ def diagnose(timing: dict, stage: str | None = None) -> Findings:
             skipped.append({"code": "slow_first_epoch", "reason": f"first epoch {feo:.2f}x steady, but images are "
                             f"already cached ({cfg.get('cache')}): engine warm-up, no config change"})
 
-    order = {"memory_bound": 0}
+    ooms = [a for a in t.get("attempts") or [] if a.get("status") == "oom"]
+    if ooms:
+        # The stage finished only after out-of-memory retries: say so, and make the working batch the config's,
+        # so the next run does not pay for the failed attempts again.
+        found.append(_finding("batch_reduced_after_oom", {
+            "oom_attempts": len(ooms), "batch_that_failed": ooms[0].get("batch"), "batch_used": batch},
+            f"stages.{stage}.batch: {batch}", "CUDA ran out of memory at the configured batch; each retry halved it",
+            also=[f"stages.{stage}.amp: true", f"stages.{stage}.img: {_round32((img or 64) * 0.75)}"],
+            key_metric="oom_attempts"))
+
+    order = {"batch_reduced_after_oom": 0, "memory_bound": 0}
     found.sort(key=lambda f: (order.get(f["code"], 1), -(f["addressable_share"] or 0.0)))
     if not found:
         ev = {"data_wait_share": _ev(dws, T("data_wait_share"), "<=")}

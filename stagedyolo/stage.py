@@ -59,6 +59,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "gpus": spec["gpus"],
         "sync_bn": spec["sync_bn"],
         "plots": spec["plots"],
+        "nosave": spec["nosave"],
         "seed": 0,
         "work_dir": str(Path(work_dir).resolve()),
     }
@@ -159,6 +160,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
             "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
+            "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
             **outcome.get("sampler", {}),
         },
     )  # fmt: skip

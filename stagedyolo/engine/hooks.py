@@ -90,7 +90,7 @@ class NonFiniteLossGuard:
         self.epoch = epoch + 1
 
 
-class TestFaults:
+class FaultInjection:
     """Faults injected on purpose, for tests only: they run only when STAGEDYOLO_TEST_FAULT is set.
 
     - `nan@N`: poison the model's weights after iteration N, so the real loss turns NaN.

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.engine import compat
-from stagedyolo.engine.hooks import NonFiniteLossGuard, TestFaults, ValidationSchedule, register
+from stagedyolo.engine.hooks import NonFiniteLossGuard, FaultInjection, ValidationSchedule, register
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
 from stagedyolo.telemetry import StageTimer
 
@@ -54,7 +54,7 @@ def main(plan_path: str) -> int:
     register(schedule, callbacks)
     guard = NonFiniteLossGuard(plan["stage"], plan["hyp"]["lr0"])
     guard.attach(callbacks)
-    faults = TestFaults.from_env(plan["attempt"])
+    faults = FaultInjection.from_env(plan["attempt"])
     if faults:
         register(faults, callbacks)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
@@ -133,6 +133,7 @@ def build_opt(train, plan: dict, device: str):
     opt.freeze = [plan["freeze"]]
     opt.cache = plan["cache"]
     opt.noplots = not plan["plots"]
+    opt.nosave = plan["nosave"]
     opt.sync_bn = plan["sync_bn"]
     opt.optimizer = plan.get("optimizer", "SGD")
     opt.seed = plan.get("seed", 0)

@@ -268,7 +268,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
 
     b = meta.get("batch")
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
-                                        "val_period", "plots")}
+                                        "val_period", "plots", "nosave")}
     config["effective_batch"] = effective_batch(b)
     sd = {"imports_s": _f(raw.get("setup_imports_s")), "build_s": _f(raw.get("setup_build_s"))}
     return {

@@ -24,6 +24,7 @@ rule demo_pretrain:
     params:
         pretrain=config["demo"]["pretrain"],
         cfg=config["model"]["cfg"],
+        hyp=config["stage_defaults"]["hyp"],
         device=config["device"],
     conda:
         "../../envs/stagedyolo.yaml"

@@ -5,6 +5,7 @@ pretrain_demo_weights(
     snakemake.output.weights,
     settings=snakemake.params.pretrain,
     cfg=snakemake.params.cfg,
+    hyp=snakemake.params.hyp,
     device=snakemake.params.device,
     threads=snakemake.threads,
     log_path=snakemake.log[0],

@@ -1,0 +1,87 @@
+"""Crash-safety of one stage, with the real engine on a tiny dataset: NaN stop, OOM retry, no blind retries,
+and atomic checkpoints."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.engine.hooks import FaultInjection
+from stagedyolo.stage import StageFailed, build_plan, run_stage
+
+SPEC = {
+    "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
+    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
+    "nosave": False,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return write_demo_dataset(tmp_path_factory.mktemp("data"), DemoSpec(TARGET_CLASSES, 16, 8))
+
+
+def run(tmp_path, data, attempt, **spec):
+    plan = build_plan({**SPEC, **spec}, stage="s", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none",
+                      threads=1, work_dir=tmp_path / "work" / "s")  # fmt: skip
+    return run_stage(plan, stage_dir=tmp_path / "stages" / "s", attempt=attempt, log_path=tmp_path / "s.log",
+                     engine_home=tmp_path / "engine")  # fmt: skip
+
+
+def test_a_nan_loss_stops_the_stage_within_a_few_iterations(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv(FaultInjection.ENV, "nan@2")
+    with pytest.raises(StageFailed, match="nonfinite") as failure:
+        run(tmp_path, tiny_data, attempt=1, epochs=5)
+    log = (tmp_path / "s.log").read_text()
+    assert "became nan at iteration 3" in log  # poisoned after iteration 2: the very next loss is NaN
+    assert "stages.s.lr0: 0.0002" in str(failure.value) + log and "stages.s.amp: false" in log
+    assert not (tmp_path / "stages" / "s" / "timing.json").exists()
+
+
+def test_an_out_of_memory_failure_is_retried_at_half_the_batch(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv(FaultInjection.ENV, "oom@attempt1")
+    with pytest.raises(StageFailed, match="out of memory"):
+        run(tmp_path, tiny_data, attempt=1)
+    run(tmp_path, tiny_data, attempt=2)  # what Snakemake's retry does
+    timing = json.loads((tmp_path / "stages" / "s" / "timing.json").read_text())
+    assert [(a["attempt"], a["batch"], a["status"]) for a in timing["attempts"]] == [(1, 8, "oom"), (2, 4, "ok")]
+    assert timing["config"]["batch"] == 4
+    findings = json.loads((tmp_path / "stages" / "s" / "diagnosis.json").read_text())["findings"]
+    assert findings[0]["code"] == "batch_reduced_after_oom" and findings[0]["change"] == "stages.s.batch: 4"
+
+
+def test_other_failures_are_not_retried(tmp_path, tiny_data):
+    missing = tmp_path / "nowhere" / "data.yaml"
+    with pytest.raises(StageFailed):
+        run(tmp_path, missing, attempt=1)
+    started = time.time()
+    with pytest.raises(StageFailed, match="not retrying"):
+        run(tmp_path, missing, attempt=2)
+    assert time.time() - started < 5  # refused at once, no engine start
+
+
+def test_a_kill_during_checkpoint_writing_leaves_the_previous_checkpoint(tmp_path):
+    target = tmp_path / "last.pt"
+    writer = textwrap.dedent(f"""
+        import time, torch
+        from stagedyolo.engine import compat
+        compat.install()
+        torch.save({{"epoch": 1, "w": torch.ones(3)}}, {str(target)!r})
+        class SlowToPickle:
+            def __reduce__(self):
+                print("writing", flush=True)
+                time.sleep(60)  # the kill lands while the new checkpoint is half written
+                return (dict, ())
+        torch.save({{"epoch": 2, "big": torch.zeros(1_000_000), "slow": SlowToPickle()}}, {str(target)!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert torch.load(target, weights_only=False)["epoch"] == 1
