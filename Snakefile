@@ -1,25 +1,16 @@
-# stagedyolo: a measured, staged YOLOv5 training pipeline. This file is only a table of contents.
-from snakemake.utils import min_version
-
-min_version("9.0")
+# stagedyolo: run `snakemake --cores 8 --resources gpu=1` here. The workflow itself (its table of contents) is
+# workflow/Snakefile, imported below exactly as another project would import it (docs/cluster.md), so that both
+# uses run the same code. Rule names stay unprefixed and `all` stays the default target.
 
 
 configfile: "config/config.yaml"
 
 
-report: "workflow/report/workflow.rst"
+module stagedyolo:
+    snakefile:
+        "workflow/Snakefile"
+    config:
+        config
 
 
-include: "workflow/rules/common.smk"
-include: "workflow/rules/env.smk"
-include: "workflow/rules/demo.smk"
-include: "workflow/rules/dataset.smk"
-include: "workflow/rules/probe.smk"
-include: "workflow/rules/train.smk"
-include: "workflow/rules/report.smk"
-
-
-rule all:
-    input:
-        get_final_outputs(),
-    default_target: True
+use rule * from stagedyolo

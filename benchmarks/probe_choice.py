@@ -63,7 +63,9 @@ def main() -> None:
 
         spec = {**stage_spec({**config, "stages": {"bench": {}}}, "bench"), "epochs": args.epochs, "img": args.img,
                 "workers": "auto", "batch": "auto", "amp": "auto", "device": args.device,
-                "val_period": args.epochs, "plots": False, "optimizer": config["stage_defaults"].get("optimizer") or "SGD"}  # fmt: skip
+                "val_period": args.epochs, "plots": False,
+                # config.yaml leaves optimizer to the schema's default, which only Snakemake's validation fills in
+                "optimizer": config["stage_defaults"].get("optimizer") or "SGD"}  # fmt: skip
         arms = {"probe": tuning["choice"] or None, "defaults": None}
         runs = []
         for round_index in range(args.rounds):
@@ -148,8 +150,8 @@ def markdown(result: dict) -> str:
     for index, run in enumerate(result["runs"]):
         lines.append(f"| {index} | {run['arm']} | {run['steady_images_per_s']} | {run['epoch_images_per_s']} | "
                      f"{run['data_wait_share']} | {run['wall_s']:.1f} | {run['load_average_before']:.2f} |")  # fmt: skip
-    lines += ["", f"1-min load average at the end: {result['load_average_end']:.2f} (other processes share the "
-              "cores: compare runs of the same round).", ""]  # fmt: skip
+    lines += ["", f"1-min load average at the end: {result['load_average_end']:.2f} (other processes share "
+              "the cores: compare runs of the same round).", ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -100,8 +100,8 @@ def test_probe_for_rule_measures_every_candidate_and_invents_no_gpu_numbers(tmp_
 
     assert tuning["choice"] == choose(tuning["candidates"])
     best = max(c["predicted_images_per_s"] for c in tuning["candidates"])
-    chosen = next(c for c in tuning["candidates"] if (c["workers"], c["batch"]) == (tuning["choice"]["workers"],
-                                                                                  tuning["choice"]["batch"]))  # fmt: skip
+    key = (tuning["choice"]["workers"], tuning["choice"]["batch"])
+    chosen = next(c for c in tuning["candidates"] if (c["workers"], c["batch"]) == key)
     assert chosen["predicted_images_per_s"] >= 0.97 * best
 
     assert all(r["amp"] is False for r in model_runs)  # AMP needs CUDA

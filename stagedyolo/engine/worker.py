@@ -44,7 +44,7 @@ def main(plan_path: str) -> int:
     from yolov5.utils.callbacks import Callbacks
 
     device = resolve_device(plan["device"], torch.cuda.is_available())
-    amp, amp_reason = decide_amp(plan["amp"], device)
+    amp, amp_reason = decide_amp(plan["amp"], device, plan.get("amp_source", "config"))
     # yolov5's check_amp may fetch yolov5n.pt and silently turns AMP off when it fails: the plan decides.
     train.check_amp = lambda model: amp
 
@@ -95,13 +95,14 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     return device
 
 
-def decide_amp(setting, device: str) -> tuple[bool, str]:
+def decide_amp(setting, device: str, source: str = "config") -> tuple[bool, str]:
+    """AMP on or off, and why. `source` says who set a true/false: the config, or the probe for `amp: auto`."""
     on_cuda = device != "cpu"
     if setting == "auto":
         return on_cuda, "auto: on with CUDA" if on_cuda else "auto: off on CPU (AMP needs CUDA)"
     if setting and not on_cuda:
-        return False, "amp: true asked, but the stage runs on the CPU, where yolov5's AMP does not apply"
-    return bool(setting), f"amp: {str(bool(setting)).lower()} from config"
+        return False, f"amp: true from {source}, but the stage runs on the CPU, where yolov5's AMP does not apply"
+    return bool(setting), f"amp: {str(bool(setting)).lower()} from {source}"
 
 
 def build_opt(train, plan: dict, device: str):

@@ -26,7 +26,8 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
-                   stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str) -> dict:  # fmt: skip
+                   stage_defaults: dict, cfg: str, device: str, img: int, threads: int,
+                   log_path: str) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         # Each batch gets seconds_per_candidate in all, shared by its thread counts and AMP settings, so the probe
         # stays near (len(workers) + len(batch)) x seconds_per_candidate.
         "seconds_per_model_run": seconds / (len(thread_counts) * len(amps)),
-        "device": ("cuda:" + (str(resolve_device(device, True)) or "0").split(",")[0]) if cuda else "cpu",
+        "device": _torch_device(device) if cuda else "cpu",
         "weights": str(Path(weights[0]).resolve()) if weights else "",
         "cfg": cfg,
         "nc": int(data_yaml.get("nc") or len(data_yaml["names"])),
@@ -134,10 +135,10 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
     limit = int(total * settings["max_memory_fraction"]) if request["cuda"] and total else None
     candidates = combine(measured["loader"], measured["model"], cores=request["cores"],
                          shares_cpu=not request["cuda"], memory_limit_bytes=limit)  # fmt: skip
+    shared_cores = "" if request["cuda"] else ", and cores/(W/loader + threads/model): workers and compute share cores"
     notes = [
-        "predicted images/s: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min of both"
-        + (", and cores/(W/loader + threads/model) because workers and compute share the CPU)" if not request["cuda"]
-           else ")"),
+        f"predicted images/s: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min of both"
+        f"{shared_cores})",
         f"ties within {TIE_TOLERANCE:.0%} of the best go to the smaller batch",
         "model steps use synthetic images and a few random targets; the optimizer steps every batch (yolov5 "
         "accumulates to a nominal batch of 64, so real steps cost a little less at small batches)",
@@ -172,6 +173,11 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "notes": notes,
         "written_unix": round(time.time(), 3),
     }
+
+
+def _torch_device(device: str) -> str:
+    """The first CUDA device of a yolov5 device string ('' = the first one, '0,1' = several: measure on one)."""
+    return "cuda:" + (resolve_device(device, True).split(",")[0] or "0")
 
 
 def _typical_batch(default, candidates: list[int]) -> int:

@@ -7,7 +7,7 @@ from snakemake.utils import validate
 import yaml
 
 from stagedyolo.config import check_config, coerce_cli_strings
-from stagedyolo.engine.plan import previous_stage, stage_names, stage_spec
+from stagedyolo.engine.plan import available_cores, previous_stage, stage_names, stage_spec
 
 CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
 config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
@@ -23,6 +23,11 @@ def get_final_outputs():
 
 def get_stage_names():
     return stage_names(config)
+
+
+def get_train_threads():
+    """Every core of the machine; Snakemake lowers it to --cores, and the stage splits it between torch and loaders."""
+    return available_cores()
 
 
 def get_source_data_yaml():

@@ -9,13 +9,13 @@ rule prepare_dataset:
         data=f"{RUN}/data/data.yaml",
         report_json=f"{RUN}/data/dataset_report.json",
         report_md=f"{RUN}/data/dataset_report.md",
+    log:
+        f"{RUN}/logs/prepare_dataset.log",
+    conda:
+        "../../envs/stagedyolo.yaml"
     params:
         cache_dir=get_cache_dir(),
         checks=config["dataset_checks"],
-    conda:
-        "../../envs/stagedyolo.yaml"
-    log:
-        f"{RUN}/logs/prepare_dataset.log",
     script:
         "../scripts/prepare_dataset.py"
 
@@ -25,12 +25,12 @@ rule cache_dataset:
         data=rules.prepare_dataset.output.data,
     output:
         decision=f"{RUN}/data/cache.json",
+    log:
+        f"{RUN}/logs/cache_dataset.log",
+    conda:
+        "../../envs/stagedyolo.yaml"
     params:
         cache=config["cache"],
         max_img=get_max_stage_img(),
-    conda:
-        "../../envs/stagedyolo.yaml"
-    log:
-        f"{RUN}/logs/cache_dataset.log",
     script:
         "../scripts/cache_dataset.py"

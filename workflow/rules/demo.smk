@@ -5,12 +5,12 @@ rule demo_dataset:
     output:
         target=f"{RUN}/demo/target/data.yaml",
         pretrain=f"{RUN}/demo/pretrain/data.yaml",
-    params:
-        demo=config["demo"],
-    conda:
-        "../../envs/stagedyolo.yaml"
     log:
         f"{RUN}/logs/demo_dataset.log",
+    conda:
+        "../../envs/stagedyolo.yaml"
+    params:
+        demo=config["demo"],
     script:
         "../scripts/demo_dataset.py"
 
@@ -21,17 +21,17 @@ rule demo_pretrain:
         env=rules.verify_env.output.json,
     output:
         weights=f"{RUN}/demo/pretrained.pt",
+    log:
+        f"{RUN}/logs/demo_pretrain.log",
+    conda:
+        "../../envs/stagedyolo.yaml"
+    threads: get_train_threads()
+    resources:
+        gpu=1,
     params:
         pretrain=config["demo"]["pretrain"],
         cfg=config["model"]["cfg"],
         hyp=config["stage_defaults"]["hyp"],
         device=config["device"],
-    conda:
-        "../../envs/stagedyolo.yaml"
-    log:
-        f"{RUN}/logs/demo_pretrain.log",
-    threads: workflow.cores
-    resources:
-        gpu=1,
     script:
         "../scripts/demo_pretrain.py"

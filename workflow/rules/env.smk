@@ -2,13 +2,13 @@ rule verify_env:
     output:
         json=f"{RUN}/env/env.json",
         md=f"{RUN}/env/env.md",
-    params:
-        device=config["device"],
-        cache_dir=get_cache_dir(),
-    conda:
-        "../../envs/stagedyolo.yaml"
     log:
         f"{RUN}/logs/verify_env.log",
     localrule: True
+    conda:
+        "../../envs/stagedyolo.yaml"
+    params:
+        device=config["device"],
+        cache_dir=get_cache_dir(),
     script:
         "../scripts/verify_env.py"

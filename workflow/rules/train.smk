@@ -11,21 +11,21 @@ rule train_stage:
         gate=get_stage_gate,
     output:
         **get_stage_outputs("{stage}"),
-    params:
-        spec=get_stage_params,
-    conda:
-        "../../envs/stagedyolo.yaml"
     log:
         f"{RUN}/logs/stages/{{stage}}.log",
     benchmark:
         f"{RUN}/benchmarks/stages/{{stage}}.tsv"
-    threads: workflow.cores
+    wildcard_constraints:
+        stage="|".join(get_stage_names()),
+    # Only out-of-memory failures are worth a retry (at half the batch); the script fails other retries at once.
+    retries: 2
+    conda:
+        "../../envs/stagedyolo.yaml"
+    threads: get_train_threads()
     resources:
         gpu=get_stage_gpus,
         attempt=get_attempt,
-    # Only out-of-memory failures are worth a retry (at half the batch); the script fails other retries at once.
-    retries: 2
-    wildcard_constraints:
-        stage="|".join(get_stage_names()),
+    params:
+        spec=get_stage_params,
     script:
         "../scripts/train_stage.py"

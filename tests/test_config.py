@@ -1,0 +1,38 @@
+"""A bad config fails before any job runs, with a message that names the key or file and the fix."""
+
+import pytest
+import yaml
+
+from snakemake_runner import REPO, make_workdir, snakemake
+from stagedyolo.config import coerce_cli_strings
+
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("stages:\n  frozen:\n    epoch: 3\n", "'epoch' was unexpected"),  # unknown key (a typo)
+        ("stages:\n  frozen:\n    epochs: many\n", "'many' is not of type 'integer'"),  # wrong type
+        ("stages:\n  finetune:\n    epochs: -2\n", "-2 is less than the minimum of 1"),  # negative epoch count
+        ("dataset: data/missing.yaml\nmodel:\n  weights: null\n", "dataset: 'data/missing.yaml' does not exist"),
+        ("model:\n  weights: yolov5s.pt\n", "model.weights: 'yolov5s.pt' does not exist"),
+        ("stage_defaults:\n  gpus: 4\n  batch: 30\n", "stages.smoke.batch: 30 is the total batch over 4 GPUs"),
+        ("stages:\n  smoke:\n    hyp: {lr_zero: 1}\n", "stages.smoke.hyp: unknown hyp key(s) ['lr_zero']"),
+    ],
+)
+def test_a_bad_config_fails_before_any_job_with_a_clear_message(tmp_path, override, expected):
+    workdir = make_workdir(tmp_path)
+    (workdir / "bad.yaml").write_text(override)
+    result = snakemake(workdir, "-n", configfiles=[workdir / "bad.yaml"], check=False)
+    assert result.returncode != 0
+    assert expected in result.stdout + result.stderr
+    assert not (workdir / "results").exists()
+
+
+def test_command_line_values_get_the_schema_types():
+    # snakemake --config 'stages={finetune: {epochs: 3}}' hands over the string "3"
+    config = {"run": "001", "stages": {"finetune": {"epochs": "3", "amp": "true", "batch": "auto"}}, "device": "0"}
+    coerced = coerce_cli_strings(config, SCHEMA)
+    assert coerced["stages"]["finetune"] == {"epochs": 3, "amp": True, "batch": "auto"}
+    assert coerced["run"] == "001" and coerced["device"] == "0"  # strings where the schema allows strings
