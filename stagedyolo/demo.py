@@ -160,21 +160,18 @@ def write_demo_for_rule(target_yaml: str, pretrain_yaml: str, settings: dict, lo
     Path(log_path).write_text("".join(f"wrote {path}\n" for path in written))
 
 
-def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, cfg: str, hyp: dict, device: str,
-                          threads: int, log_path: str) -> None:  # fmt: skip
+def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, cfg: str, stage_defaults: dict,
+                          device: str, threads: int, log_path: str) -> None:  # fmt: skip
     """The demo_pretrain rule: train `cfg` from scratch on the generic set; its last.pt plays the part of the
-    official pretrained checkpoint a real user would download."""
+    official pretrained checkpoint a real user would download. Settings are the stage defaults, with the
+    pretraining's own epochs, size, batch and optimizer, validated once at the end."""
     import shutil
 
     from stagedyolo.stage import build_plan, run_stage
 
     out = Path(weights_out)
-    spec = {
-        "epochs": settings["epochs"], "img": settings["img"], "batch": settings["batch"], "lr0": settings["lr0"],
-        "optimizer": settings["optimizer"], "workers": "auto", "freeze": 0, "cache": "ram", "amp": "auto",
-        "device": device, "val_period": settings["epochs"], "gpus": 1, "sync_bn": False, "plots": False,
-        "hyp": hyp,
-    }  # fmt: skip
+    spec = {**stage_defaults, **settings, "device": device, "freeze": 0, "cache": "ram", "val_period": settings["epochs"],
+            "gpus": 1, "nosave": False}  # fmt: skip
     plan = build_plan(spec, stage="pretrain", data=data_yaml, weights=None, cfg=cfg, cache_mode="ram",
                       threads=threads, work_dir=out.parent / "work" / "pretrain")  # fmt: skip
     run_stage(plan, stage_dir=out.parent / "pretrain_run", attempt=1, log_path=log_path,

@@ -150,7 +150,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
         if path.exists():
             shutil.copy2(path, stage_dir / path.name)
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
-              "validated_epochs": outcome.get("validated_epochs"), "attempts": attempts}  # fmt: skip
+              "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
+              "attempts": attempts}  # fmt: skip
     _write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")

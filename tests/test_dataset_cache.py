@@ -85,6 +85,17 @@ def test_prebuild_replaces_stale_and_removes_orphans(staged):
     assert (counts["written"], counts["stale_replaced"], counts["orphans_removed"]) == (1, 1, 1)
 
 
+def test_prebuild_rewrites_a_cache_file_truncated_by_a_kill(staged):
+    _, data = staged
+    prebuild_disk_cache(str(data))
+    img = data.parent / "train" / "images" / "train_003.jpg"
+    npy = img.with_suffix(".npy")
+    npy.write_bytes(npy.read_bytes()[: npy.stat().st_size // 2])  # what a kill mid-np.save leaves behind
+    counts = prebuild_disk_cache(str(data))
+    assert (counts["written"], counts["stale_replaced"]) == (1, 1)
+    np.testing.assert_array_equal(np.load(npy), cv2.imread(str(img)))
+
+
 def test_prebuild_refuses_the_users_dataset(staged):
     src, _ = staged
     with pytest.raises(DatasetError, match="not a staged working copy"):

@@ -132,6 +132,8 @@ def test_gpu_jobs_ask_slurm_for_their_gpus(slurm_run):
         assert [a for a in argv if a.startswith(("--gpus", "--gres"))] == [f"--gpus={gpus}"], (job, argv)
         assert any(a.startswith("--cpus-per-gpu=") for a in argv), (job, argv)
         assert "--mem" in argv and "-t" in argv, (job, argv)
+        # One node, one task owning all the job's GPUs (torch.distributed.run starts the ranks inside it).
+        assert "--nodes=1" in argv and not [a for a in argv if a.startswith("--ntasks")], (job, argv)
     stage = submitted["train_stage:stage=two"]
     assert "--cpus-per-gpu=8" in stage and stage[stage.index("--mem") + 1] == "64000"
     assert stage[stage.index("-t") + 1] == "720"

@@ -199,7 +199,22 @@ def _npy_state(image: str) -> str:
         st_npy = os.stat(npy)
     except FileNotFoundError:
         return "missing"
-    return "fresh" if st_npy.st_mtime_ns >= os.stat(image).st_mtime_ns and st_npy.st_size > 0 else "stale"
+    fresh = st_npy.st_mtime_ns >= os.stat(image).st_mtime_ns and _npy_complete(npy, st_npy.st_size)
+    return "fresh" if fresh else "stale"
+
+
+def _npy_complete(npy: Path, size: int) -> bool:
+    """Whether the file holds as many bytes as its header promises. A .npy cut short by a kill (yolov5 writes its
+    own with a plain np.save) would otherwise be loaded by training and crash it, or worse, be trusted as fresh."""
+    try:
+        with open(npy, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)  # fmt: skip
+            shape, _fortran, dtype = read_header(fh)
+            return size == fh.tell() + int(np.prod(shape)) * dtype.itemsize
+    except (OSError, ValueError):
+        return False
 
 
 def _write_npy(image: str) -> bool:

@@ -34,6 +34,7 @@ class ValidationSchedule:
         self.period, self.epochs = max(1, int(period)), int(epochs)
         self.epoch = None  # set only between an epoch's end and its fit_epoch_end, i.e. in-loop validation
         self.validated: list[int] = []
+        self.best_saved: list[int] = []  # epochs whose checkpoint became best.pt
 
     def should_validate(self, epoch: int) -> bool:
         return (epoch + 1) % self.period == 0 or epoch + 1 == self.epochs
@@ -43,6 +44,10 @@ class ValidationSchedule:
 
     def on_fit_epoch_end(self, *args):
         self.epoch = None
+
+    def on_model_save(self, last, epoch, final_epoch, best_fitness, fi):
+        if best_fitness == fi:  # the condition under which train.py has just written best.pt
+            self.best_saved.append(epoch)
 
     def wrap(self, run):
         import numpy as np

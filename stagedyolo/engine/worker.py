@@ -73,6 +73,7 @@ def main(plan_path: str) -> int:
     finally:
         if REPORTING_RANK:
             outcome["validated_epochs"] = schedule.validated
+            outcome["best_saved_epochs"] = schedule.best_saved
             _write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":

@@ -31,7 +31,7 @@ rule demo_pretrain:
     params:
         pretrain=config["demo"]["pretrain"],
         cfg=config["model"]["cfg"],
-        hyp=config["stage_defaults"]["hyp"],
+        stage_defaults=config["stage_defaults"],
         device=config["device"],
     script:
         "../scripts/demo_pretrain.py"

@@ -5,7 +5,7 @@ pretrain_demo_weights(
     snakemake.output.weights,
     settings=snakemake.params.pretrain,
     cfg=snakemake.params.cfg,
-    hyp=snakemake.params.hyp,
+    stage_defaults=snakemake.params.stage_defaults,
     device=snakemake.params.device,
     threads=snakemake.threads,
     log_path=snakemake.log[0],

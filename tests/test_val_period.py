@@ -1,0 +1,43 @@
+"""val_period with the real engine: validation exactly on epochs N, 2N, ... and the final one; best.pt only from those."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.stage import build_plan, run_stage
+
+SPEC = {
+    "epochs": 7, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
+    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 3, "gpus": 1, "sync_bn": False, "plots": False,
+    "nosave": False,
+}  # fmt: skip
+
+
+def test_val_period_validates_every_n_epochs_and_the_final_one(tmp_path):
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
+    plan = build_plan(SPEC, stage="s", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
+                      work_dir=tmp_path / "work" / "s")  # fmt: skip
+    run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path / "e")
+
+    results = pd.read_csv(tmp_path / "s" / "results.csv", skipinitialspace=True)
+    results.columns = [c.strip() for c in results.columns]
+    validated = [int(e) + 1 for e, m in zip(results["epoch"], results["metrics/mAP_0.5"]) if pd.notna(m)]
+    assert validated == [3, 6, 7]  # 1-based: every 3rd epoch, and the final one
+    assert results["train/box_loss"].notna().all()  # every epoch trained
+
+    record = json.loads((tmp_path / "s" / "stage.json").read_text())
+    assert [e + 1 for e in record["validated_epochs"]] == [3, 6, 7]
+    assert record["best_saved_epochs"] and set(record["best_saved_epochs"]) <= set(record["validated_epochs"])
+    timing = json.loads((tmp_path / "s" / "timing.json").read_text())
+    assert [e["epoch"] + 1 for e in timing["epochs"] if e["validated"]] == [3, 6, 7]
+
+
+@pytest.mark.parametrize(("workers", "expected"), [(3, 3), ("auto", 0)])
+def test_explicit_workers_override_the_probe(tmp_path, workers, expected):
+    plan = build_plan({**SPEC, "workers": workers, "batch": "auto"}, stage="s", data=tmp_path / "d.yaml", weights=None,
+                      cfg="yolov5n.yaml", cache_mode="none", threads=2, work_dir=tmp_path / "w",
+                      probe_choice={"workers": 0, "batch": 32})  # fmt: skip
+    assert plan["workers"] == expected
+    assert plan["batch"] == 32  # batch: auto takes the probe's
