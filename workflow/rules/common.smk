@@ -49,6 +49,12 @@ def get_model_weights():
     return weights
 
 
+def get_pretrained_input():
+    """model.weights as a list of input files: empty when training from model.cfg."""
+    weights = get_model_weights()
+    return [weights] if weights else []
+
+
 def get_probe_output():
     return [f"{RUN}/probe/tuning.json"] if config["probe"]["enabled"] else []
 
@@ -59,8 +65,7 @@ def get_stage_weights(wildcards):
     previous = previous_stage(config, wildcards.stage)
     if spec["start_from"] == "previous" and previous:
         return [f"{RUN}/stages/{previous}/weights/last.pt"]
-    weights = get_model_weights()
-    return [weights] if weights else []
+    return get_pretrained_input()
 
 
 def get_stage_gate(wildcards):

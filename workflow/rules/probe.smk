@@ -2,7 +2,7 @@ rule probe:
     input:
         data=rules.prepare_dataset.output.data,
         cache=rules.cache_dataset.output.decision,
-        weights=get_model_weights() or [],
+        weights=get_pretrained_input(),
     output:
         tuning=f"{RUN}/probe/tuning.json",
     log:

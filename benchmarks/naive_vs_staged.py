@@ -1,0 +1,214 @@
+"""Time to a target mAP50: the staged pipeline (real Snakemake, default demo config) vs a naive one-shot yolov5 run.
+
+Staged side: `snakemake --cores 2 --resources gpu=1` on config/config.yaml in a fresh work folder. A poller stamps
+every row the stages append to their results.csv (results/demo/work/<stage>/results.csv) with the wall clock.
+Time to target = (walls of verify_env + prepare_dataset + cache_dataset + probe, added in full even though they
+may overlap demo_pretrain) + (start of the smoke job, floored to the log's whole second) → (the row where any
+stage first reaches the target). demo_dataset and demo_pretrain are excluded: both sides start from the same
+pretrained.pt.
+
+Naive side: `python -m yolov5.train` on a copy of the same demo target set (the images the pipeline stages),
+`--weights <abs pretrained.pt> --img <final stage img> --epochs N`, the same CPU budget as the pipeline's stages
+(OMP_NUM_THREADS = the stages' torch threads, --workers = their loader workers), from process start to the
+row that first reaches the target. Variants:
+- `default`: a newcomer's run: yolov5's default hyp (scratch-low) and SGD, val every epoch, no cache, plots on.
+- `samehyp`: the pipeline's stage_defaults hyp and optimizer (AdamW, lr0, mosaic 0, obj/cls gains), --noplots,
+  val every epoch, no cache: isolates the staging itself.
+A run stops at the target or at the cap (max epochs, or max seconds: default 4 × the staged time, i.e. the time
+that proves the 0.25 goal, within [300, 1200] s); a run that never reaches it gives an upper bound on the ratio.
+
+Run:  python benchmarks/naive_vs_staged.py [--target 0.5] [--epochs 60] [--cap-s auto] [--variants default,samehyp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (PYTHON, WORK, CsvPoller, LoadSampler, copy_dataset, machine_info, make_snakemake_workdir,  # noqa: E402
+                    read_results_csv, run_snakemake, save, snakemake_jobs, write_hyp, yolov5_env)  # fmt: skip
+
+PREP_RULES = ("verify_env", "prepare_dataset", "cache_dataset", "probe")
+
+
+def run_staged(workdir: Path, target: float) -> dict:
+    make_snakemake_workdir(workdir)
+    poller = CsvPoller(workdir, ["results/*/work/*/results.csv"]).start()
+    try:
+        run = run_snakemake(workdir, log=workdir / "snakemake.log")
+    finally:
+        poller.stop()
+    (workdir / "poll_events.json").write_text(json.dumps(poller.events))
+    return analyse_staged(workdir, target, run)
+
+
+def analyse_staged(workdir: Path, target: float, run: dict | None = None) -> dict:
+    import yaml
+
+    events = json.loads((workdir / "poll_events.json").read_text())
+    jobs = snakemake_jobs((workdir / "snakemake.log").read_text())
+    run_dir = workdir / "results" / "demo"
+    prep = {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"] in PREP_RULES and "end" in j}
+    excluded = {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"].startswith("demo_") and "end" in j}
+    stages = {j["stage"]: j for j in jobs if j["rule"] == "train_stage"}
+    smoke_start = stages["smoke"]["start"]
+    hits = [e for e in events if e["map50"] is not None and e["map50"] >= target]
+    hit = min(hits, key=lambda e: e["t"]) if hits else None
+    per_stage = {}
+    for name, job in stages.items():
+        csv = run_dir / "stages" / name / "results.csv"
+        rows = read_results_csv(csv) if csv.exists() else []
+        timing = json.loads((run_dir / "stages" / name / "timing.json").read_text())
+        per_stage[name] = {"job_s": job.get("end", job["start"]) - job["start"], "supervisor_wall_s": timing["wall_s"],
+                           "epochs": len(rows), "map50": [round(r["metrics/mAP_0.5"], 4) for r in rows]}  # fmt: skip
+    last_train_end = max(j.get("end", 0) for j in stages.values())
+    stage_json = json.loads((run_dir / "stages" / "smoke" / "stage.json").read_text())
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    final_img = list(config["stages"].values())[-1].get("img") or config["stage_defaults"]["img"]
+    result = {
+        "prep_s": prep, "prep_total_s": sum(prep.values()), "excluded_s": excluded,
+        "smoke_start": smoke_start, "per_stage": per_stage,
+        "hit": hit and {**hit, "stage": Path(hit["path"]).parent.name},
+        "train_to_target_s": hit["t"] - smoke_start if hit else None,
+        "time_to_target_s": sum(prep.values()) + hit["t"] - smoke_start if hit else None,
+        "all_stages_s": sum(prep.values()) + last_train_end - smoke_start,
+        "final_map50": per_stage[list(per_stage)[-1]]["map50"][-1] if per_stage else None,
+        "workers": stage_json["workers"], "torch_threads": stage_json["torch_threads"], "batch": stage_json["batch"],
+        "final_img": final_img, "pretrained": str((run_dir / "demo" / "pretrained.pt").resolve()),
+        "target_data": str((run_dir / "demo" / "target" / "data.yaml").resolve()),
+        "stage_defaults": config["stage_defaults"],
+    }
+    if run:
+        result["snakemake_wall_s"] = run["wall_s"]
+    return result
+
+
+def run_naive(variant: str, staged: dict, workdir: Path, target: float, epochs: int, cap_s: float) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = copy_dataset(Path(staged["target_data"]), workdir / "dataset")
+    env = yolov5_env(workdir, staged["torch_threads"])
+    argv = [PYTHON, "-m", "yolov5.train", "--data", str(data), "--weights", staged["pretrained"],
+            "--img", str(staged["final_img"]), "--epochs", str(epochs), "--workers", str(staged["workers"]),
+            "--project", str(workdir), "--name", "run", "--exist-ok"]  # fmt: skip
+    if variant == "samehyp":
+        sd = staged["stage_defaults"]
+        hyp = write_hyp(workdir / "hyp.yaml", sd["lr0"], sd.get("hyp") or {})
+        argv += ["--hyp", str(hyp), "--optimizer", sd["optimizer"], "--noplots", "--batch-size", str(sd["batch"])]
+    elif variant != "default":
+        raise ValueError(variant)
+    poller = CsvPoller(workdir, ["run/results.csv"], period_s=0.2).start()
+    log = open(workdir / "train.log", "w")
+    started = time.time()
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    stopped = "finished"
+    while proc.poll() is None:
+        if poller.first_reaching(target):
+            stopped = "target reached"
+            break
+        if time.time() - started > cap_s:
+            stopped = "time cap"
+            break
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ended = time.time()
+    poller.stop()
+    log.close()
+    hit = poller.first_reaching(target)
+    maps = [e["map50"] for e in poller.events]
+    epoch_ends = [round(e["t"] - started, 2) for e in poller.events]
+    return {
+        "variant": variant, "argv": argv, "omp_num_threads": env["OMP_NUM_THREADS"], "rc": proc.returncode,
+        "stopped": stopped, "wall_s": ended - started, "epochs_done": len(maps), "map50": maps,
+        "epoch_end_s": epoch_ends, "best_map50": max(maps) if maps else None,
+        "time_to_target_s": hit["t"] - started if hit else None, "target_epoch": hit["epoch"] if hit else None,
+        "first_epoch_end_s": epoch_ends[0] if epoch_ends else None,
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=float, default=0.5)
+    ap.add_argument("--epochs", type=int, default=60, help="naive epoch cap (also its LR schedule length)")
+    ap.add_argument("--cap-s", default="auto", help="naive time cap in s; auto = 4 x staged time, in [300, 1200]")
+    ap.add_argument("--variants", default="default,samehyp")
+    ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
+    ap.add_argument("--staged-from", type=Path, help="reuse a finished staged run (its snakemake.log, poll_events.json)")
+    a = ap.parse_args(argv)
+    with LoadSampler() as load:
+        if a.staged_from:
+            staged = analyse_staged(a.staged_from, a.target)
+        else:
+            staged = run_staged(a.workdir / "staged", a.target)
+        print(json.dumps({k: staged[k] for k in ("prep_total_s", "train_to_target_s", "time_to_target_s", "hit")},
+                         default=str), flush=True)  # fmt: skip
+        ts = staged["time_to_target_s"]
+        if ts is None:
+            raise SystemExit(f"the pipeline never reached mAP50 {a.target}: {staged['per_stage']}")
+        cap = min(1200.0, max(300.0, 4 * ts)) if a.cap_s == "auto" else float(a.cap_s)
+        naive = {}
+        for variant in a.variants.split(","):
+            naive[variant] = run_naive(variant, staged, a.workdir / f"naive_{variant}", a.target, a.epochs, cap)
+            print(json.dumps({k: v for k, v in naive[variant].items() if k != "argv"}), flush=True)
+    rows = []
+    for variant, n in naive.items():
+        if n["time_to_target_s"] is not None:
+            n["ratio"], n["ratio_kind"] = ts / n["time_to_target_s"], "measured"
+            cell = f"{n['time_to_target_s']:.1f} s (epoch {n['target_epoch'] + 1})"
+            ratio = f"{n['ratio']:.3f}"
+        else:
+            n["ratio"], n["ratio_kind"] = ts / n["wall_s"], "upper bound"
+            cell = f"not reached within {n['wall_s']:.0f} s ({n['epochs_done']} epochs, best {n['best_map50']:.3f})"
+            ratio = f"≤ {n['ratio']:.3f}"
+        rows.append(f"| naive `{variant}` | {cell} | {ratio} | {'yes' if n['ratio'] <= 0.33 else 'no'} "
+                    f"| {'yes' if n['ratio'] <= 0.25 else 'no'} |")  # fmt: skip
+    hit = staged["hit"]
+    info = machine_info()
+    res = {"target_map50": a.target, "staged": staged, "naive": naive, "cap_s": cap, "epochs_cap": a.epochs,
+           "machine": info, "load": load.summary(), "acceptance_ratio": 0.33, "goal_ratio": 0.25}  # fmt: skip
+    md = [
+        f"# Time to mAP50 ≥ {a.target}: staged pipeline vs naive one-shot yolov5", "",
+        f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU; 1-min load average during the run "
+        f"{res['load']['load1_min']:.2f}–{res['load']['load1_max']:.2f} (mean {res['load']['load1_mean']:.2f}).", "",
+        "| run | time to target | ratio staged/naive | ≤ 0.33 (accept) | ≤ 0.25 (goal) |", "|---|---:|---:|:-:|:-:|",
+        f"| staged pipeline | {ts:.1f} s ({hit['stage']} epoch {hit['epoch'] + 1}, mAP50 {hit['map50']:.3f}) | 1 | | |",
+        *rows, "",
+        "| staged breakdown | s |", "|---|---:|",
+        *[f"| {rule} (job wall, counted in full) | {s:.0f} |" for rule, s in staged["prep_s"].items()],
+        f"| smoke start → target row | {staged['train_to_target_s']:.1f} |",
+        *[f"| excluded: {rule} | {s:.0f} |" for rule, s in staged["excluded_s"].items()],
+        f"| all stages (prep + smoke start → last stage end) | {staged['all_stages_s']:.0f} |",
+        f"| final mAP50 ({list(staged['per_stage'])[-1]}) | {staged['final_map50']:.3f} |", "",
+        "| stage | epochs | job s | mAP50 per epoch |", "|---|---:|---:|---|",
+        *[f"| {s} | {v['epochs']} | {v['job_s']:.0f} | {', '.join(f'{m:.3f}' for m in v['map50'])} |"
+          for s, v in staged["per_stage"].items()],
+        "",
+        "| naive run | epochs run | first epoch end | mAP50 per epoch | stopped |", "|---|---:|---:|---|---|",
+        *[f"| `{v}` | {n['epochs_done']} | {n['first_epoch_end_s']} s | "
+          f"{', '.join(f'{m:.3f}' for m in n['map50'])} | {n['stopped']} |" for v, n in naive.items()],
+        "",
+        f"Naive runs: `python -m yolov5.train --img {staged['final_img']} --epochs {a.epochs} --weights <abs "
+        f"pretrained.pt>` on a copy of the demo target set, OMP_NUM_THREADS={staged['torch_threads']}, "
+        f"--workers {staged['workers']} (the stages' CPU budget), batch 16, no cache, validation every epoch; "
+        f"`default` = yolov5's hyp.scratch-low + SGD + plots; `samehyp` = the pipeline's stage_defaults hyp "
+        f"({staged['stage_defaults']['optimizer']}, lr0 {staged['stage_defaults']['lr0']}, {staged['stage_defaults']['hyp']}) "
+        f"+ --noplots. Cap {cap:.0f} s. Times are from process start / smoke job start to the wall-clock stamp of the "
+        "results.csv row (polled every 0.2 s), i.e. through the epoch's validation.",
+    ]
+    save("naive_vs_staged", res, md)
+
+
+if __name__ == "__main__":
+    main()

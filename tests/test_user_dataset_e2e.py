@@ -1,0 +1,67 @@
+"""A user's own dataset through the real pipeline: read-only, with a corrupt JPEG, cached to disk. It must come out
+byte-for-byte unchanged, and a workers: 0 stage with heavy augmentation must be diagnosed as data-loading bound."""
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from snakemake_runner import make_workdir, snakemake
+from stagedyolo.dataset.testing import jpeg_without_eoi, tree_sha256
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = {
+    "run": "user",
+    "model": {"weights": None},
+    "cache": {"mode": "disk"},
+    "probe": {"enabled": False},
+    "stage_defaults": {"img": 64, "batch": 8, "workers": 1},
+    "stages": {
+        "smoke": {"epochs": 1, "start_from": "model"},
+        # Full-size JPEG decodes and heavy augmentation in the training process itself: the loader is the bottleneck.
+        "loader": {"epochs": 2, "workers": 0, "cache": "none",
+                   "hyp": {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}},
+    },
+}  # fmt: skip
+
+
+@pytest.fixture
+def read_only_dataset(tmp_path):
+    source = tmp_path / "source"
+    write_demo_dataset(source, DemoSpec(TARGET_CLASSES, 24, 8, image_size=640))
+    jpeg_without_eoi(source / "images" / "train" / "train_0003.jpg")  # yolov5 would rewrite this file in place
+    mount = tmp_path / "dataset"
+    mount.mkdir()
+    # chmod means nothing to root, so the dataset is bind-mounted read-only: any write fails for real.
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(source), str(mount)], capture_output=True).returncode:
+        pytest.skip("needs a read-only bind mount (root on Linux)")
+    data = yaml.safe_load((source / "data.yaml").read_text())
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump({**data, "path": str(mount)}))
+    try:
+        yield tmp_path / "data.yaml", mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_read_only_dataset_trains_and_stays_byte_for_byte_unchanged(tmp_path, read_only_dataset):
+    data_yaml, dataset = read_only_dataset
+    before = tree_sha256(dataset)
+    workdir = make_workdir(tmp_path / "project")
+    (workdir / "user.yaml").write_text(yaml.safe_dump({**CONFIG, "dataset": str(data_yaml)}))
+    snakemake(workdir, configfiles=[workdir / "user.yaml"])
+
+    assert tree_sha256(dataset) == before
+    run = workdir / "results" / "user"
+    report = json.loads((run / "data" / "dataset_report.json").read_text())
+    assert any(bad["file"].endswith("train_0003.jpg") for bad in report["bad"])
+    assert json.loads((run / "data" / "cache.json").read_text())["mode"] == "disk"
+    assert list((run / "cache").rglob("*.npy")), "the disk cache lives in the working copy"
+    for stage in CONFIG["stages"]:
+        assert (run / "stages" / stage / "weights" / "last.pt").is_file()
+
+    findings = json.loads((run / "stages" / "loader" / "diagnosis.json").read_text())["findings"]
+    assert findings[0]["code"] == "data_loading_bound", findings
+    assert "workers" in findings[0]["change"] or "cache" in findings[0]["change"]
