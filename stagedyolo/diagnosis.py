@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from stagedyolo.telemetry.summary import finite as _num
+
 # name: (value, unit, source). ONE table: diagnose() reads nothing else.
 THRESHOLDS: dict[str, tuple[float, str, str]] = {
     "data_wait_share": (0.05, "fraction of step time",
@@ -77,14 +79,6 @@ class Findings(list):
         return {"stage": self.stage, "verdict": verdict_line(self.stage, self), "findings": list(self),
                 "not_evaluated": self.not_evaluated, "context": self.context,
                 "thresholds": {k: {"value": v[0], "unit": v[1], "source": v[2]} for k, v in THRESHOLDS.items()}}
-
-
-def _num(x):
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _int(x):

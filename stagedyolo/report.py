@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from stagedyolo.telemetry.summary import finite as _num
+
 PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
 FILES = {
     "table_md": "summary.md",
@@ -43,14 +45,6 @@ CAPTIONS = {
     "summary_rst": "One row per stage: phase shares, steady-state throughput, data-wait share, utilisation, memory "
                    "and the diagnosis verdict. Thresholds and definitions: docs/timing.md.",
 }
-
-
-def _num(x):
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _read_json(p: Path):

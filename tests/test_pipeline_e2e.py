@@ -94,3 +94,22 @@ def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
     result = snakemake(workdir, "-n", "--config", "stages={finetune: {epochs: 3}}", configfiles=[workdir / "tiny.yaml"])
     assert planned_jobs(result.stdout) == {"train_stage": 2, "report": 1, "all": 1}, result.stdout[-3000:]
     assert "stage=finetune" in result.stdout and "stage=highres" in result.stdout
+
+
+def test_the_report_renders_and_snakemake_report_embeds_it(tiny_run):
+    workdir, run, _ = tiny_run
+    plots = ("phases", "utilization", "throughput", "map50")
+    for name in plots:
+        assert (run / "report" / f"{name}.png").stat().st_size > 10_000
+    plotted = json.loads((run / "report" / "plot_data.json").read_text())
+    highres = json.loads((run / "stages" / "highres" / "timing.json").read_text())
+    train_index = plotted["phase_names"].index("train")
+    assert plotted["phases_s"]["highres"][train_index] == pytest.approx(highres["phases"]["train"]["s"])
+    finetune_map = read_results(run / "stages" / "finetune")["metrics/mAP_0.5"].dropna().tolist()
+    plotted_map = [m for m, s in zip(plotted["map50"]["map50"], plotted["map50"]["stage"]) if s == "finetune"]
+    assert [m for m in plotted_map if m is not None] == pytest.approx(finetune_map)
+    summary = (run / "report" / "summary.md").read_text()
+    assert all(f"[{stage}]" in summary for stage in STAGES)  # every stage's verdict
+    snakemake(workdir, "--report", "report.html", configfiles=[workdir / "tiny.yaml"])
+    html = (workdir / "report.html").read_text()
+    assert all(f"{name}.png" in html for name in plots) and "summary.html" in html

@@ -35,6 +35,7 @@ def main(plan_path: str) -> int:
     compat.install()
     # yolov5 7.0 calls torch.cuda.amp.autocast(...) every batch; its deprecation warning would flood the log.
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)  # yolov5's import
 
     import torch
 

@@ -19,7 +19,8 @@ NOMINAL_BATCH = 64  # yolov5 accumulates gradients up to this batch (nbs)
 MB = 1024 * 1024
 
 
-def _f(x):
+def finite(x) -> float | None:
+    """x as a float, or None when it is missing, not a number, NaN or infinite (never a made-up 0)."""
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -65,7 +66,7 @@ def _window(rows, start, end):
     if start is None:
         return rows, "all"
     end = end if end is not None else float("inf")
-    w = [r for r in rows if _f(r.get("timestamp")) is not None and start <= _f(r["timestamp"]) <= end]
+    w = [r for r in rows if finite(r.get("timestamp")) is not None and start <= finite(r["timestamp"]) <= end]
     return (w, "train") if w else (rows, "all")
 
 
@@ -88,10 +89,10 @@ def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict
     pooled = []
     shares = []
     for k in ids:
-        util = [_f(r.get(f"gpu{k}_util_pct")) for r in win_rows]
-        used = [_f(r.get(f"gpu{k}_mem_used_mb")) for r in rows]
-        total = [_f(r.get(f"gpu{k}_mem_total_mb")) for r in rows]
-        power = [_f(r.get(f"gpu{k}_power_w")) for r in win_rows]
+        util = [finite(r.get(f"gpu{k}_util_pct")) for r in win_rows]
+        used = [finite(r.get(f"gpu{k}_mem_used_mb")) for r in rows]
+        total = [finite(r.get(f"gpu{k}_mem_total_mb")) for r in rows]
+        power = [finite(r.get(f"gpu{k}_power_w")) for r in win_rows]
         used_v = [u for u in used if u is not None]
         total_v = [t for t in total if t is not None]
         peak = max(used_v) if used_v else None
@@ -118,17 +119,17 @@ def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict
 
 def _cpu_section(cols, rows, win_rows) -> dict:
     cores = cpu_ids(cols)
-    mean = [_f(r.get("cpu_mean_pct")) for r in win_rows]
+    mean = [finite(r.get("cpu_mean_pct")) for r in win_rows]
     busy = []
     for r in win_rows:
-        vals = [_f(r.get(f"cpu{j}_pct")) for j in cores]
+        vals = [finite(r.get(f"cpu{j}_pct")) for j in cores]
         vals = [v for v in vals if v is not None]
         if vals:
             busy.append(sum(vals) / 100.0)
-    rss = [_f(r.get("rss_tree_mb")) for r in rows]
-    avail = [_f(r.get("ram_available_mb")) for r in rows]
-    total = [_f(r.get("ram_total_mb")) for r in rows]
-    disk = [_f(r.get("disk_read_bytes")) for r in win_rows]
+    rss = [finite(r.get("rss_tree_mb")) for r in rows]
+    avail = [finite(r.get("ram_available_mb")) for r in rows]
+    total = [finite(r.get("ram_total_mb")) for r in rows]
+    disk = [finite(r.get("disk_read_bytes")) for r in win_rows]
     disk = [d for d in disk if d is not None]
     ms = _stats(mean)
     rss_v = [v for v in rss if v is not None]
@@ -148,7 +149,7 @@ def _cpu_section(cols, rows, win_rows) -> dict:
 
 def effective_batch(batch) -> int | None:
     """yolov5 accumulates gradients to the nominal batch 64: optimizer steps see batch * max(round(64/batch), 1)."""
-    b = _f(batch)
+    b = finite(batch)
     if not b or b <= 0:
         return None
     return int(b * max(round(NOMINAL_BATCH / b), 1))
@@ -180,44 +181,44 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
 
     # ---------------------------------------------------------------- epochs
     # DDP: the timer runs on rank 0 and counts its own share of each batch; DistributedSampler splits evenly
-    world = int(_f(meta.get("gpus")) or 1) if (_f(meta.get("gpus")) or 1) > 1 else 1
+    world = int(finite(meta.get("gpus")) or 1) if (finite(meta.get("gpus")) or 1) > 1 else 1
     epochs = []
     for e in epochs_raw:
-        train_s = _f(e.get("train_s")) or 0.0
+        train_s = finite(e.get("train_s")) or 0.0
         images = int(e.get("images") or 0) * world
         batches = int(e.get("batches") or 0)
         epochs.append({
             "epoch": int(e.get("epoch", len(epochs))),
             "complete": bool(e.get("complete", False)),
             "train_s": round(train_s, 4),
-            "data_wait_s": round(_f(e.get("data_wait_s")) or 0.0, 4),
-            "compute_s": round(_f(e.get("compute_s")) or 0.0, 4),
-            "val_s": round(_f(e.get("val_s")) or 0.0, 4),
-            "checkpoint_s": round(_f(e.get("checkpoint_s")) or 0.0, 4),
-            "logging_s": round((_f(e.get("logging_s")) or 0.0) + (_f(e.get("batch_logging_s")) or 0.0), 4),
-            "other_s": round((_f(e.get("tail_s")) or 0.0) + (_f(e.get("gap_before_s")) or 0.0), 4),
+            "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
+            "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
+            "val_s": round(finite(e.get("val_s")) or 0.0, 4),
+            "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
+            "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
+            "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
             "batches": batches,
             "images": images,
             "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
             "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
-            "compute_p50_s": _f(e.get("compute_p50_s")),
-            "data_wait_p90_s": _f(e.get("data_wait_p90_s")),
+            "compute_p50_s": finite(e.get("compute_p50_s")),
+            "data_wait_p90_s": finite(e.get("data_wait_p90_s")),
             "validated": bool(e.get("validated", False)),
             "saved": bool(e.get("saved", False)),
         })
 
     # ---------------------------------------------------------------- phases
     ph = {
-        "setup": _f(raw.get("setup_s")) or 0.0,
+        "setup": finite(raw.get("setup_s")) or 0.0,
         "train": sum(e["train_s"] for e in epochs),
-        "val": sum(e["val_s"] for e in epochs) + (_f(final.get("val_s")) or 0.0),
-        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (_f(final.get("checkpoint_s")) or 0.0),
-        "logging": sum(e["logging_s"] for e in epochs) + (_f(final.get("logging_s")) or 0.0),
+        "val": sum(e["val_s"] for e in epochs) + (finite(final.get("val_s")) or 0.0),
+        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (finite(final.get("checkpoint_s")) or 0.0),
+        "logging": sum(e["logging_s"] for e in epochs) + (finite(final.get("logging_s")) or 0.0),
     }
     if raw.get("setup_s") is None:
         warnings.append("setup time unknown (no process start or on_train_start)")
     measured = sum(ph.values())
-    wall = _f(wall_s)
+    wall = finite(wall_s)
     if wall is None:
         wall = measured
         warnings.append("wall_s not given: using the sum of measured phases")
@@ -262,7 +263,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     cols, rows = read_telemetry(telemetry_csv)
     if telemetry_csv is not None and not rows:
         warnings.append("telemetry.csv missing or empty")
-    win_rows, window = _window(rows, _f(raw.get("train_start_unix")), _f(raw.get("train_end_unix")))
+    win_rows, window = _window(rows, finite(raw.get("train_start_unix")), finite(raw.get("train_end_unix")))
     gpu = _gpu_section(cols, rows, win_rows, window, raw.get("memory") or {}, meta)
     cpu = _cpu_section(cols, rows, win_rows)
 
@@ -270,7 +271,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
                                         "val_period", "plots", "nosave")}
     config["effective_batch"] = effective_batch(b)
-    sd = {"imports_s": _f(raw.get("setup_imports_s")), "build_s": _f(raw.get("setup_build_s"))}
+    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s"))}
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),
