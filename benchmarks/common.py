@@ -246,3 +246,52 @@ def save(name: str, data: dict, md_lines: list[str]) -> None:
 
 def fmt_s(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f} s"
+
+
+# --------------------------------------------------------------------------------------------------- one stage
+def find_demo_source(explicit: Path | None = None) -> Path:
+    """A finished demo workdir (results/demo/demo/pretrained.pt and the demo target set); builds one if none."""
+    for cand in [explicit, WORK / "naive_vs_staged" / "staged", WORK / "pipe1", WORK / "demo_source"]:
+        if cand and (Path(cand) / "results/demo/demo/pretrained.pt").exists():
+            return Path(cand)
+    src = WORK / "demo_source"
+    make_snakemake_workdir(src)
+    run_snakemake(src, "results/demo/demo/pretrained.pt", log=src / "snakemake.log")
+    return src
+
+
+def stage_dataset_copy(data_yaml: Path, dest: Path) -> Path:
+    """A staged working copy (prepare_dataset, as the pipeline makes it) of `data_yaml` under `dest`."""
+    from stagedyolo.dataset.staging import prepare_dataset
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    out = dest / "data.yaml"
+    prepare_dataset(str(data_yaml), str(dest / "cache"), str(out), str(dest / "report.json"), str(dest / "report.md"),
+                    log=lambda *a: None, hardlinks=False)  # fmt: skip
+    return out
+
+
+def run_one_stage(stage: str, overrides: dict, *, data: Path, weights: str, workdir: Path, name: str,
+                  threads: int = 2) -> dict:  # fmt: skip
+    """One stage of the default config (plus `overrides`) through stagedyolo.stage.build_plan/run_stage, as the
+    train_stage rule runs it. Returns {wall_s, timing, stage_json}."""
+    import yaml
+
+    from stagedyolo.engine.plan import stage_spec
+    from stagedyolo.stage import build_plan, run_stage
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    spec = {**stage_spec(cfg, stage), **overrides}
+    stage_dir = workdir / "stages" / name
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)
+    plan = build_plan(spec, stage=name, data=str(data), weights=weights, cfg=cfg["model"]["cfg"],
+                      cache_mode=spec["cache"] if spec["cache"] != "auto" else "none", threads=threads,
+                      work_dir=workdir / "work" / name)  # fmt: skip
+    t0 = time.time()
+    run_stage(plan, stage_dir=stage_dir, attempt=1, log_path=workdir / f"{name}.log", engine_home=workdir / "engine")
+    wall = time.time() - t0
+    return {"wall_s": wall, "timing": json.loads((stage_dir / "timing.json").read_text()),
+            "stage_json": json.loads((stage_dir / "stage.json").read_text())}

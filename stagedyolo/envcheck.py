@@ -127,7 +127,7 @@ def parse_device(device: str) -> tuple[str, list[int]]:
 
 def judge(device: str, facts: dict) -> dict:
     """Verdict from gathered facts: {'ok', 'resolved_device' (a YOLOv5 --device value), 'warnings', 'errors'}."""
-    t, nvml = facts["torch"], facts["nvml"]
+    t = facts["torch"]
     kind, wanted = parse_device(device)
     usable = bool(t["cuda_available"]) and (t["device_count"] or 0) > 0
     compat = facts["driver_compatibility"]
@@ -450,12 +450,13 @@ def _markdown(info: dict) -> str:
 
 
 def verify_env(
-    device: str, cache_dir: str, json_path: str, md_path: str, log=print, log_path: str | None = None
+    device: str, cache_dir: str | None, json_path: str, md_path: str, log=print, log_path: str | None = None
 ) -> dict:
     """Check, write the report, log warnings loudly; raise EnvironmentCheckError AFTER the report is written.
-    ``log_path``: also append every logged line to this file (the Snakemake rule's log)."""
+    ``log_path``: also append every logged line to this file (the Snakemake rule's log). With no ``cache_dir``, free
+    disk is measured at ``<run>/cache``, next to ``json_path`` (``<run>/env/env.json``), where the default copy goes."""
     log = tee_log(log, log_path)
-    info = collect_environment(device, cache_dir)
+    info = collect_environment(device, cache_dir or str(Path(json_path).parent.parent / "cache"))
     write_env_report(info, json_path, md_path)
     for w in info["verdict"]["warnings"]:
         log(f"\n{'!' * 80}\nWARNING: {w}\n{'!' * 80}" if w.startswith("NO GPU") else f"WARNING: {w}")

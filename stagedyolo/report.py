@@ -8,7 +8,6 @@ written to ``plot_data.json`` so tests and readers can check what was drawn.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from stagedyolo.telemetry.summary import finite as _num

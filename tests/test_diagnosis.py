@@ -3,7 +3,6 @@
 import copy
 import json
 
-import pytest
 
 from stagedyolo.diagnosis import THRESHOLDS, diagnose, thresholds_markdown, verdict_line, write_diagnosis
 from stagedyolo.telemetry.summary import validate_timing

@@ -102,7 +102,6 @@ def tiny_config():
 
     config = merge(yaml.safe_load((REPO / "config" / "config.yaml").read_text()),
                    yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text()))  # fmt: skip
-    config["cache"]["dir"] = "detector/results/tiny/cache"  # as the example's config: inside the prefix
     return config
 
 

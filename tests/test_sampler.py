@@ -6,7 +6,6 @@ import sys
 import time
 import types
 
-import pytest
 
 from stagedyolo.telemetry import Sampler
 from stagedyolo.telemetry.sampler import _visible_nvml_indices

@@ -248,7 +248,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def prepare_dataset(
     source: str,
-    cache_dir: str,
+    cache_dir: str | None,
     data_out: str,
     report_json: str,
     report_md: str,
@@ -260,8 +260,10 @@ def prepare_dataset(
 ) -> dict:
     """The prepare_dataset rule: validate, write the report, apply the policy, stage, write ``data_out`` (a copy of
     the staged data.yaml; its absolute paths work from anywhere). Raises DatasetError after logging the report, since
-    Snakemake deletes a failed job's outputs but keeps its log."""
+    Snakemake deletes a failed job's outputs but keeps its log. With no ``cache_dir`` the working copy goes to
+    ``<run>/cache``, found from ``data_out`` (``<run>/data/data.yaml``) so that a Snakemake module's prefix applies."""
     log = tee_log(log, log_path)
+    cache_dir = cache_dir or str(Path(data_out).parent.parent / "cache")
     report = validate_dataset(source)
     write_dataset_report(report, report_json, report_md)
     t = report["totals"]

@@ -37,10 +37,6 @@ def get_source_data_yaml():
     return config["dataset"]
 
 
-def get_cache_dir():
-    return config["cache"]["dir"] or f"{RUN}/cache"
-
-
 def get_model_weights():
     """The pretrained checkpoint stages with start_from: model begin from; None means train from model.cfg."""
     weights = config["model"]["weights"]

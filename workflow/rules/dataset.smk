@@ -14,7 +14,7 @@ rule prepare_dataset:
     conda:
         "../../envs/stagedyolo.yaml"
     params:
-        cache_dir=get_cache_dir(),
+        cache_dir=config["cache"]["dir"],
         checks=config["dataset_checks"],
     script:
         "../scripts/prepare_dataset.py"

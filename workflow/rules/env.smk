@@ -9,6 +9,6 @@ rule verify_env:
         "../../envs/stagedyolo.yaml"
     params:
         device=config["device"],
-        cache_dir=get_cache_dir(),
+        cache_dir=config["cache"]["dir"],
     script:
         "../scripts/verify_env.py"
