@@ -1,5 +1,5 @@
 """A user's own dataset through the real pipeline: read-only, with a corrupt JPEG, cached to disk. It must come out
-byte-for-byte unchanged, and a workers: 0 stage with heavy augmentation must be diagnosed as data-loading bound."""
+byte-for-byte unchanged."""
 
 import json
 import subprocess
@@ -19,19 +19,14 @@ CONFIG = {
     "cache": {"mode": "disk"},
     "probe": {"enabled": False},
     "stage_defaults": {"img": 64, "batch": 8, "workers": 1},
-    "stages": {
-        "smoke": {"epochs": 1, "start_from": "model"},
-        # Full-size JPEG decodes and heavy augmentation in the training process itself: the loader is the bottleneck.
-        "loader": {"epochs": 2, "workers": 0, "cache": "none",
-                   "hyp": {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}},
-    },
-}  # fmt: skip
+    "stages": {"smoke": {"epochs": 1, "start_from": "model"}, "finetune": {"epochs": 1}},
+}
 
 
 @pytest.fixture
 def read_only_dataset(tmp_path):
     source = tmp_path / "source"
-    write_demo_dataset(source, DemoSpec(TARGET_CLASSES, 24, 8, image_size=640))
+    write_demo_dataset(source, DemoSpec(TARGET_CLASSES, 24, 8))
     jpeg_without_eoi(source / "images" / "train" / "train_0003.jpg")  # yolov5 would rewrite this file in place
     mount = tmp_path / "dataset"
     mount.mkdir()
@@ -61,7 +56,3 @@ def test_a_read_only_dataset_trains_and_stays_byte_for_byte_unchanged(tmp_path, 
     assert list((run / "cache").rglob("*.npy")), "the disk cache lives in the working copy"
     for stage in CONFIG["stages"]:
         assert (run / "stages" / stage / "weights" / "last.pt").is_file()
-
-    findings = json.loads((run / "stages" / "loader" / "diagnosis.json").read_text())["findings"]
-    assert findings[0]["code"] == "data_loading_bound", findings
-    assert "workers" in findings[0]["change"] or "cache" in findings[0]["change"]

@@ -1,0 +1,27 @@
+"""The diagnosis on a real CPU run: decoding large JPEGs with heavy augmentation in the training process itself
+(workers: 0, no cache) makes the stage data-loading bound, and the diagnosis must say so."""
+
+import json
+
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.stage import build_plan, run_stage
+
+HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}
+SPEC = {
+    "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
+    "hyp": HEAVY_AUGMENTATION, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 2, "gpus": 1,
+    "sync_bn": False, "plots": False, "nosave": True,
+}  # fmt: skip
+
+
+def test_workers_0_with_heavy_augmentation_is_diagnosed_as_data_loading_bound(tmp_path):
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 24, 8, image_size=1024))
+    plan = build_plan(SPEC, stage="loader", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
+                      work_dir=tmp_path / "work" / "loader")  # fmt: skip
+    run_stage(plan, stage_dir=tmp_path / "loader", attempt=1, log_path=tmp_path / "loader.log", engine_home=tmp_path)
+
+    diagnosis = json.loads((tmp_path / "loader" / "diagnosis.json").read_text())
+    top = diagnosis["findings"][0]
+    assert top["code"] == "data_loading_bound", diagnosis["findings"]
+    assert top["evidence"]["data_wait_share"]["value"] > 0.3
+    assert top["change"] in ("stages.loader.workers: 1", "stages.loader.cache: ram", "stages.loader.cache: disk")
