@@ -150,9 +150,11 @@ def make_snakemake_workdir(workdir: Path, config_text: str | None = None) -> Pat
     return workdir
 
 
-def run_snakemake(workdir: Path, *args: str, log: Path, cores: int = 2, env: dict | None = None) -> dict:
-    """Run the repo's Snakefile in `workdir` (cwd = repo root, so the default profile applies as for a user)."""
-    argv = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "--cores", str(cores),
+def run_snakemake(workdir: Path, *args: str, log: Path, targets: tuple = (), cores: int = 2,
+                  env: dict | None = None) -> dict:  # fmt: skip
+    """Run the repo's Snakefile in `workdir` (cwd = repo root, so the default profile applies as for a user).
+    Targets go first: --resources and --forcerun take any number of values and would swallow them."""
+    argv = [SNAKEMAKE, *targets, "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "--cores", str(cores),
             "--resources", "gpu=1", *args]  # fmt: skip
     started = time.time()
     with open(log, "w") as handle:
@@ -256,7 +258,7 @@ def find_demo_source(explicit: Path | None = None) -> Path:
             return Path(cand)
     src = WORK / "demo_source"
     make_snakemake_workdir(src)
-    run_snakemake(src, "results/demo/demo/pretrained.pt", log=src / "snakemake.log")
+    run_snakemake(src, targets=("results/demo/demo/pretrained.pt",), log=src / "snakemake.log")
     return src
 
 

@@ -62,7 +62,7 @@ def run_a(workdir: Path, rnd: int) -> dict:
     target = f"results/ovh/stages/{STAGE}/timing.json"
     poller = CsvPoller(workdir, [f"results/ovh/work/{STAGE}/results.csv"]).start()
     log = workdir / f"snakemake_{rnd}.log"
-    run = run_snakemake(workdir, "--rerun-triggers", "mtime", "--forcerun", "train_stage", target, log=log)
+    run = run_snakemake(workdir, "--rerun-triggers", "mtime", "--forcerun", "train_stage", targets=(target,), log=log)
     poller.stop()
     rules = [j["rule"] for j in snakemake_jobs(log.read_text())]
     assert rules == ["train_stage"], f"expected only the stage job, snakemake ran {rules}"
@@ -101,8 +101,9 @@ def thread_check(workdir: Path) -> int:
 
 def dry_run_s(workdir: Path) -> float:
     start = time.time()
-    subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "--cores", "2", "--resources",
-                    "gpu=1", "-n", "--rerun-triggers", "mtime", "--forcerun", "train_stage", f"results/ovh/stages/{STAGE}/timing.json"],
+    subprocess.run([SNAKEMAKE, f"results/ovh/stages/{STAGE}/timing.json", "-s", str(ROOT / "Snakefile"), "-d",
+                    str(workdir), "--cores", "2", "--resources", "gpu=1", "-n", "--rerun-triggers", "mtime",
+                    "--forcerun", "train_stage"],
                    cwd=ROOT, capture_output=True, check=True)  # fmt: skip
     return time.time() - start
 
@@ -131,7 +132,7 @@ def main(argv=None):
     spec = stage_spec(cfg, STAGE)
     hyp = write_hyp(workdir / "hyp.yaml", spec["lr0"], spec["hyp"])
     with LoadSampler() as load:
-        warm = run_snakemake(workdir, f"results/ovh/stages/{STAGE}/timing.json", log=workdir / "snakemake_warm.log")
+        warm = run_snakemake(workdir, targets=(f"results/ovh/stages/{STAGE}/timing.json",), log=workdir / "snakemake_warm.log")
         data = workdir / "results/ovh/data/data.yaml"
         plan = json.loads((workdir / f"results/ovh/stages/{STAGE}/stage.json").read_text())
         assert plan["workers"] == 1 and plan["torch_threads"] == 1 and plan["optimizer"] == "AdamW", plan
