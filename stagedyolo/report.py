@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stagedyolo.jsonio import read_json
 from stagedyolo.telemetry.summary import finite as _num
 
 PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
@@ -46,11 +47,6 @@ CAPTIONS = {
 }
 
 
-def _read_json(p: Path):
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def read_results(path) -> dict:
@@ -87,8 +83,8 @@ def collect(stage_dirs: dict) -> list[dict]:
     stages = []
     for name, d in stage_dirs.items():
         d = Path(d)
-        stages.append({"name": name, "dir": str(d), "timing": _read_json(d / "timing.json"),
-                       "diagnosis": _read_json(d / "diagnosis.json"), "results": read_results(d / "results.csv"),
+        stages.append({"name": name, "dir": str(d), "timing": read_json(d / "timing.json"),
+                       "diagnosis": read_json(d / "diagnosis.json"), "results": read_results(d / "results.csv"),
                        "telemetry": read_telemetry_series(d / "telemetry.csv")})
     return stages
 

@@ -9,8 +9,6 @@ Layout for a stage S of run R:
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +17,15 @@ from pathlib import Path
 
 from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import MIN_RETRY_BATCH, cpu_budget, spec_digest, stage_hyp, stage_spec
+from stagedyolo.engine.plan import (
+    MIN_RETRY_BATCH,
+    cpu_budget,
+    spec_digest,
+    stage_hyp,
+    stage_spec,
+)
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
+from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import build_stage_command, run_supervised
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
@@ -81,10 +86,10 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         data=data,
         weights=weights[0] if weights else None,
         cfg=config["model"]["cfg"],
-        cache_mode=_read_json(Path(cache_decision))["mode"],
+        cache_mode=read_json(Path(cache_decision))["mode"],
         threads=threads,
         work_dir=Path(run_dir) / "work" / stage,
-        probe_choice=_read_json(Path(probe[0])).get("choice") if probe else None,
+        probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
     )
     return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path,
                      engine_home=Path(run_dir) / "engine", telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
@@ -112,7 +117,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         log.flush()
         returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval)
     wall = time.time() - started
-    outcome = _read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
+    outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
     outcome["sampler"] = sampler_info
     if returncode == EXIT_OOM:
         outcome["status"] = "oom"
@@ -122,7 +127,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         outcome = {**outcome, "status": "error", "message": f"worker exited {returncode}"}
     attempts.append({"attempt": attempt, "batch": plan["batch"], "status": outcome["status"], "wall_s": round(wall, 3),
                      "resumed_from": plan["resume_from"] or None, "message": outcome.get("message")})  # fmt: skip
-    _write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
+    write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
     verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall)
@@ -152,11 +157,11 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "attempts": attempts}  # fmt: skip
-    _write_json(stage_dir / "stage.json", record)
+    write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
     timing = build_timing(
-        _read_json(work_dir / "timing_raw.json"),
+        read_json(work_dir / "timing_raw.json"),
         telemetry_csv=stage_dir / "telemetry.csv",
         wall_s=wall,
         meta={
@@ -177,7 +182,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
 def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
-    _write_json(plan_path, plan)
+    write_json(plan_path, plan)
     gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
     argv, env = build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
                                     stage=plan["stage"])  # fmt: skip
@@ -204,20 +209,20 @@ def _prepare_work_dir(work_dir: Path, plan: dict) -> str | None:
     attempt history survives a wipe, so out-of-memory retries keep halving the batch.
     """
     last = work_dir / "weights" / "last.pt"
-    interrupted = _read_json(work_dir / "plan.json")
+    interrupted = read_json(work_dir / "plan.json")
     if interrupted and last.exists() and _digest(interrupted) == _digest(plan) and interrupted["batch"] == plan["batch"]:
         (work_dir / "outcome.json").unlink(missing_ok=True)
         return str(last)
-    history = _read_json(work_dir / "attempts.json")
+    history = read_json(work_dir / "attempts.json")
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     if history and history.get("digest") == _digest(plan):
-        _write_json(work_dir / "attempts.json", history)
+        write_json(work_dir / "attempts.json", history)
     return None
 
 
 def _load_attempts(work_dir: Path, plan: dict) -> list[dict]:
-    previous = _read_json(work_dir / "attempts.json") or {}
+    previous = read_json(work_dir / "attempts.json") or {}
     return list(previous.get("attempts", [])) if previous.get("digest") == _digest(plan) else []
 
 
@@ -230,17 +235,3 @@ def _failure_message(plan: dict, outcome: dict, log_path) -> str:
     if outcome["status"] == "oom":
         head += f"\nIt ran out of memory at batch {plan['batch']}; Snakemake's retry runs it at half that batch."
     return f"{head}\nFull log: {log_path}"
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)

@@ -16,7 +16,13 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.engine import compat
-from stagedyolo.engine.hooks import NonFiniteLossGuard, FaultInjection, ValidationSchedule, register
+from stagedyolo.engine.hooks import (
+    FaultInjection,
+    NonFiniteLossGuard,
+    ValidationSchedule,
+    register,
+)
+from stagedyolo.jsonio import write_json
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
 from stagedyolo.telemetry import StageTimer
 
@@ -75,7 +81,7 @@ def main(plan_path: str) -> int:
         if REPORTING_RANK:
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
-            _write_json(work_dir / "outcome.json", outcome)
+            write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
         print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
@@ -145,10 +151,6 @@ def build_opt(train, plan: dict, device: str):
     return opt
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

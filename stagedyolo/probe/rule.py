@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -16,6 +15,7 @@ from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
 from stagedyolo.engine.worker import resolve_device
+from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
@@ -33,18 +33,18 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
         tuning = {"choice": {}, "candidates": [], "notes": ["probe disabled: stages keep their defaults"]}
-        _write_json(tuning_out, tuning)
+        write_json(tuning_out, tuning)
         return tuning
     work = tuning_out.parent / "probe_work"
     work.mkdir(exist_ok=True)
-    request = plan_request(data, cache_mode=_read_json(cache_decision)["mode"], weights=weights, settings=settings,
+    request = plan_request(data, cache_mode=read_json(cache_decision)["mode"], weights=weights, settings=settings,
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
                            work=work)  # fmt: skip
     run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
     load_before = os.getloadavg()
     measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
     tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
-    _write_json(tuning_out, tuning)
+    write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
         log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'}\n")
     return tuning
@@ -108,7 +108,7 @@ def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> Path:
 
 def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) -> dict:
     request_path = work / "request.json"
-    _write_json(request_path, request)
+    write_json(request_path, request)
     Path(request["out"]).unlink(missing_ok=True)
     env = engine_environment(engine_home)
     env["OMP_NUM_THREADS"] = str(request["cores"])  # the child sets each measurement's count itself
@@ -122,7 +122,7 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
                                    timeout=CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned)  # fmt: skip
     if completed.returncode != 0:
         raise RuntimeError(f"probe: the measuring process exited {completed.returncode}; see {log_path}")
-    return _read_json(request["out"])
+    return read_json(request["out"])
 
 
 def planned_seconds(request: dict) -> float:
@@ -184,13 +184,3 @@ def _typical_batch(default, candidates: list[int]) -> int:
     if isinstance(default, int) and not isinstance(default, bool):
         return default
     return sorted(candidates)[len(candidates) // 2]
-
-
-def _read_json(path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from pathlib import Path
+
+from stagedyolo.jsonio import write_json
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("timing.schema.json")
@@ -348,8 +349,6 @@ def write_timing(stage_dir, timing: dict) -> dict:
     d = Path(stage_dir)
     d.mkdir(parents=True, exist_ok=True)
     out = {"json": d / "timing.json", "md": d / "timing.md"}
-    tmp = out["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(timing, indent=2))
-    os.replace(tmp, out["json"])
+    write_json(out["json"], timing)
     out["md"].write_text(timing_markdown(timing))
     return out

@@ -36,11 +36,12 @@ Per batch the cost is three ``perf_counter()`` calls, two list appends and one a
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from stagedyolo.jsonio import write_json
 
 RAW_VERSION = 1
 _pc = time.perf_counter
@@ -371,9 +372,5 @@ class StageTimer:
 
     def write_raw(self, path) -> Path:
         """Write ``raw()`` as JSON (atomic replace). Best effort: meant to be called in ``finally`` too."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.raw(), indent=1))
-        os.replace(tmp, path)
-        return path
+        write_json(path, self.raw())
+        return Path(path)
