@@ -101,16 +101,7 @@ def supervise(
     return result
 
 
-def run_supervised(
-    argv: Sequence[str],
-    env: Mapping[str, str] | None,
-    *,
-    cwd: str | os.PathLike | None = None,
-    stdout: int | IO | None = None,
-    stderr: int | IO | None = None,
-    grace_s: float = 10.0,
-    on_start: Callable[[int], None] | None = None,
-) -> int:
+def run_supervised(argv: Sequence[str], env: Mapping[str, str] | None, **options) -> int:
     """Run ``argv`` in its own session and return its exit status (negative for a signal).
 
     From the main thread, SIGTERM, SIGINT and SIGHUP received meanwhile are forwarded to the child's process
@@ -118,8 +109,9 @@ def run_supervised(
     no handlers are installed: stopping is the caller's business. Either way, once the child has exited, or
     ``grace_s`` after a stop signal, every process it started is ended, by PID and process group: SIGTERM, then
     SIGKILL when ``grace_s`` is up. ``on_start(pid)`` runs once the child exists (e.g. to start telemetry).
+    ``options`` are supervise()'s: cwd, stdout, stderr, grace_s, on_start.
     """
-    return supervise(argv, env, cwd=cwd, stdout=stdout, stderr=stderr, grace_s=grace_s, on_start=on_start).returncode
+    return supervise(argv, env, **options).returncode
 
 
 def _wait_for_child(
