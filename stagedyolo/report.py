@@ -201,36 +201,29 @@ def _by_stage(xs, ys, stages):
     return out
 
 
-def plot_throughput(data):
+def _epoch_lines(series, key, ylabel, title, stage_bounds=()):
+    """One line per stage over the run's epoch axis, with a dashed line where each stage ends."""
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    d = data["throughput"]
-    for s, (x, y) in _by_stage(d["x"], d["images_per_s"], d["stage"]).items():
+    for s, (x, y) in _by_stage(series["x"], series[key], series["stage"]).items():
         ax.plot(x, y, marker="o", label=s)
+    for b in stage_bounds:
+        ax.axvline(b - 0.5, color="grey", lw=0.5, ls="--")
     ax.set_xlabel("epoch (all stages)")
-    ax.set_ylabel("train images/s")
-    ax.set_title("Throughput per epoch")
-    if d["x"]:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if series["x"]:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_throughput(data):
+    return _epoch_lines(data["throughput"], "images_per_s", "train images/s", "Throughput per epoch")
 
 
 def plot_map50(data):
-    plt = _mpl()
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    d = data["map50"]
-    for s, (x, y) in _by_stage(d["x"], d["map50"], d["stage"]).items():
-        ax.plot(x, y, marker="o", label=s)
-    for b in data["stage_bounds"][:-1]:
-        ax.axvline(b - 0.5, color="grey", lw=0.5, ls="--")
-    ax.set_xlabel("epoch (all stages)")
-    ax.set_ylabel("mAP@0.5")
-    ax.set_title("Validation mAP@0.5 across stages")
-    if d["x"]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _epoch_lines(data["map50"], "map50", "mAP@0.5", "Validation mAP@0.5 across stages", data["stage_bounds"][:-1])
 
 
 class _ScalarWriter:
