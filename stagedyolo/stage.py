@@ -26,7 +26,7 @@ from stagedyolo.engine.plan import (
 )
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
-from stagedyolo.launch import build_stage_command, run_supervised
+from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
@@ -44,6 +44,8 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
+    # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
+    batch = int(probe_choice.get("batch", 16) * spec["gpus"] if spec["batch"] == "auto" else spec["batch"])
     return {
         "stage": stage,
         "data": str(Path(data).resolve()),
@@ -51,13 +53,12 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "cfg": cfg,
         "epochs": spec["epochs"],
         "img": spec["img"],
-        # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
-        "batch": int(probe_choice.get("batch", 16) * spec["gpus"] if spec["batch"] == "auto" else spec["batch"]),
+        "batch": batch,
         "workers": workers,
         "torch_threads": torch_threads,
         "freeze": spec["freeze"],
         "optimizer": spec["optimizer"],
-        "hyp": stage_hyp(spec["lr0"], spec["hyp"]),
+        "hyp": stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"]), spec["hyp"]),
         "cache": None if cache == "none" else cache,
         "amp": probe_choice["amp"] if spec["amp"] == "auto" and "amp" in probe_choice else spec["amp"],
         "amp_source": "probe" if spec["amp"] == "auto" and "amp" in probe_choice else "config",

@@ -10,7 +10,7 @@ HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9
 SPEC = {
     "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
     "hyp": HEAVY_AUGMENTATION, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 2, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True,
+    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from stagedyolo.stage import StageFailed, build_plan, run_stage
 SPEC = {
     "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
     "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False,
+    "nosave": False, "lr_scaling": "none",
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from stagedyolo.stage import build_plan, run_stage
 SPEC = {
     "epochs": 7, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
     "cache": "none", "amp": "auto", "device": "cpu", "val_period": 3, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False,
+    "nosave": False, "lr_scaling": "none",
 }  # fmt: skip
 
 
@@ -41,3 +41,11 @@ def test_explicit_workers_override_the_probe(tmp_path, workers, expected):
                       probe_choice={"workers": 0, "batch": 32})  # fmt: skip
     assert plan["workers"] == expected
     assert plan["batch"] == 32  # batch: auto takes the probe's
+
+
+@pytest.mark.parametrize(("scaling", "batch", "lr0"), [("none", 128, 0.002), ("linear", 128, 0.004), ("linear", 16, 0.002)])
+def test_lr_scaling_linear_reaches_the_hyp_file_and_none_leaves_lr0_alone(tmp_path, scaling, batch, lr0):
+    plan = build_plan({**SPEC, "lr_scaling": scaling, "batch": batch}, stage="s", data=tmp_path / "d.yaml",
+                      weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    assert plan["hyp"]["lr0"] == pytest.approx(lr0)  # linear: 128 / 64 = 2x; at 16 accumulation already equalises
+    assert plan["hyp"]["warmup_bias_lr"] <= plan["hyp"]["lr0"]

@@ -1,7 +1,4 @@
 # Helpers: every decision the rules need is a named get_* function; the logic lives in the stagedyolo package.
-import json
-from pathlib import Path
-
 from snakemake.utils import validate
 
 import yaml
