@@ -1,11 +1,12 @@
 """Time to a target mAP50: the staged pipeline (real Snakemake, default demo config) vs a naive one-shot yolov5 run.
 
-Staged side: `snakemake --cores 2 --resources gpu=1` on config/config.yaml in a fresh work folder. A poller stamps
-every row the stages append to their results.csv (results/demo/work/<stage>/results.csv) with the wall clock.
-Time to target = (walls of verify_env + prepare_dataset + cache_dataset + probe, added in full even though they
-may overlap demo_pretrain) + (start of the smoke job, floored to the log's whole second) → (the row where any
-stage first reaches the target). demo_dataset and demo_pretrain are excluded: both sides start from the same
-pretrained.pt.
+Staged side: `snakemake --cores 2 --resources gpu=1` on config/config.yaml in a fresh work folder, in two calls.
+The first builds only the demo's pretrained.pt (demo_dataset + demo_pretrain: both sides start from it, so it is
+not timed). The second runs the whole pipeline, and its clock starts when that snakemake call starts: Snakemake's
+own start-up, verify_env, prepare_dataset, cache_dataset, the probe and every stage's set-up are all inside the
+staged time. A poller stamps every row the stages append to their results.csv (results/demo/work/<stage>/
+results.csv) with the wall clock; time to target = that call's start → the first row, in any stage, whose
+validated mAP50 reaches the target (val_period's skipped epochs log nan, so they never count).
 
 Naive side: `python -m yolov5.train` on a copy of the same demo target set (the images the pipeline stages),
 `--weights <abs pretrained.pt> --img <final stage img> --epochs N`, the same CPU budget as the pipeline's stages
@@ -41,25 +42,28 @@ PREP_RULES = ("verify_env", "prepare_dataset", "cache_dataset", "probe")
 
 def run_staged(workdir: Path, target: float, also: tuple = ()) -> dict:
     make_snakemake_workdir(workdir)
+    pretrain = run_snakemake(workdir, targets=("results/demo/demo/pretrained.pt",), log=workdir / "pretrain.log")
     poller = CsvPoller(workdir, ["results/*/work/*/results.csv"]).start()
     try:
         run = run_snakemake(workdir, log=workdir / "snakemake.log")
     finally:
         poller.stop()
     (workdir / "poll_events.json").write_text(json.dumps(poller.events))
-    return analyse_staged(workdir, target, run, also)
+    (workdir / "run.json").write_text(json.dumps({**run, "pretrain_wall_s": pretrain["wall_s"]}))
+    return analyse_staged(workdir, target, also)
 
 
-def analyse_staged(workdir: Path, target: float, run: dict | None = None, also: tuple = ()) -> dict:
+def analyse_staged(workdir: Path, target: float, also: tuple = ()) -> dict:
     import yaml
 
     events = json.loads((workdir / "poll_events.json").read_text())
+    run = json.loads((workdir / "run.json").read_text())
     jobs = snakemake_jobs((workdir / "snakemake.log").read_text())
     run_dir = workdir / "results" / "demo"
+    start = run["start"]
+    # Job walls from the log's whole-second stamps: the breakdown, not the measurement.
     prep = {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"] in PREP_RULES and "end" in j}
-    excluded = {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"].startswith("demo_") and "end" in j}
     stages = {j["stage"]: j for j in jobs if j["rule"] == "train_stage"}
-    smoke_start = stages["smoke"]["start"]
     hits = [e for e in events if e["map50"] is not None and e["map50"] >= target]
     hit = min(hits, key=lambda e: e["t"]) if hits else None
     per_stage = {}
@@ -69,17 +73,15 @@ def analyse_staged(workdir: Path, target: float, run: dict | None = None, also: 
         timing = json.loads((run_dir / "stages" / name / "timing.json").read_text())
         per_stage[name] = {"job_s": job.get("end", job["start"]) - job["start"], "supervisor_wall_s": timing["wall_s"],
                            "epochs": len(rows), "map50": [round(r["metrics/mAP_0.5"], 4) for r in rows]}  # fmt: skip
-    last_train_end = max(j.get("end", 0) for j in stages.values())
     stage_json = json.loads((run_dir / "stages" / "smoke" / "stage.json").read_text())
     config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     final_img = list(config["stages"].values())[-1].get("img") or config["stage_defaults"]["img"]
     result = {
-        "prep_s": prep, "prep_total_s": sum(prep.values()), "excluded_s": excluded,
-        "smoke_start": smoke_start, "per_stage": per_stage,
+        "prep_s": prep, "pretrain_wall_s": run["pretrain_wall_s"], "per_stage": per_stage,
+        "smoke_start_s": stages["smoke"]["start"] - start,
         "hit": hit and {**hit, "stage": Path(hit["path"]).parent.name},
-        "train_to_target_s": hit["t"] - smoke_start if hit else None,
-        "time_to_target_s": sum(prep.values()) + hit["t"] - smoke_start if hit else None,
-        "all_stages_s": sum(prep.values()) + last_train_end - smoke_start,
+        "time_to_target_s": hit["t"] - start if hit else None,
+        "snakemake_wall_s": run["wall_s"],
         "final_map50": per_stage[list(per_stage)[-1]]["map50"][-1] if per_stage else None,
         "workers": stage_json["workers"], "torch_threads": stage_json["torch_threads"], "batch": stage_json["batch"],
         "final_img": final_img, "pretrained": str((run_dir / "demo" / "pretrained.pt").resolve()),
@@ -90,10 +92,8 @@ def analyse_staged(workdir: Path, target: float, run: dict | None = None, also: 
     for t in (target, *also):
         h = [e for e in events if e["map50"] is not None and e["map50"] >= t]
         h = min(h, key=lambda e: e["t"]) if h else None
-        result["per_target"][t] = {"time_to_target_s": sum(prep.values()) + h["t"] - smoke_start if h else None,
+        result["per_target"][t] = {"time_to_target_s": h["t"] - start if h else None,
                                    "hit": h and {**h, "stage": Path(h["path"]).parent.name}}  # fmt: skip
-    if run:
-        result["snakemake_wall_s"] = run["wall_s"]
     return result
 
 
@@ -172,10 +172,10 @@ def main(argv=None):
     also = tuple(float(x) for x in a.also.split(",") if x)
     with LoadSampler() as load:
         if a.staged_from:
-            staged = analyse_staged(a.staged_from, a.target, also=also)
+            staged = analyse_staged(a.staged_from, a.target, also)
         else:
             staged = run_staged(a.workdir / "staged", a.target, also)
-        print(json.dumps({k: staged[k] for k in ("prep_total_s", "train_to_target_s", "time_to_target_s", "hit")},
+        print(json.dumps({k: staged[k] for k in ("prep_s", "smoke_start_s", "time_to_target_s", "hit")},
                          default=str), flush=True)  # fmt: skip
         ts = staged["time_to_target_s"]
         if ts is None:
@@ -215,11 +215,12 @@ def main(argv=None):
                           else f"> {n['wall_s']:.0f} s" for n in naive.values()) + " | "
              + ", ".join(_ratio(staged['per_target'][t]['time_to_target_s'], n, t) for n in naive.values()) + " |"
              for t in (a.target, *also)], ""] if also else []),
-        "| staged breakdown | s |", "|---|---:|",
-        *[f"| {rule} (job wall, counted in full) | {s:.0f} |" for rule, s in staged["prep_s"].items()],
-        f"| smoke start → target row | {staged['train_to_target_s']:.1f} |",
-        *[f"| excluded: {rule} | {s:.0f} |" for rule, s in staged["excluded_s"].items()],
-        f"| all stages (prep + smoke start → last stage end) | {staged['all_stages_s']:.0f} |",
+        "| staged breakdown (from the pipeline call's start) | s |", "|---|---:|",
+        *[f"| {rule} (job wall, from the log's whole-second stamps) | {s:.0f} |" for rule, s in staged["prep_s"].items()],
+        f"| smoke job starts at | {staged['smoke_start_s']:.0f} |",
+        f"| target row stamped at (the staged time to target) | {ts:.1f} |",
+        f"| whole pipeline call (all stages and the report) | {staged['snakemake_wall_s']:.0f} |",
+        f"| not timed: demo_dataset + demo_pretrain (the shared pretrained.pt), first call | {staged['pretrain_wall_s']:.0f} |",
         f"| final mAP50 ({list(staged['per_stage'])[-1]}) | {staged['final_map50']:.3f} |", "",
         "| stage | epochs | job s | mAP50 per epoch |", "|---|---:|---:|---|",
         *[f"| {s} | {v['epochs']} | {v['job_s']:.0f} | {', '.join(f'{m:.3f}' for m in v['map50'])} |"
@@ -234,8 +235,9 @@ def main(argv=None):
         f"--workers {staged['workers']} (the stages' CPU budget), batch 16, no cache, validation every epoch; "
         f"`default` = yolov5's hyp.scratch-low + SGD + plots; `samehyp` = the pipeline's stage_defaults hyp "
         f"({staged['stage_defaults']['optimizer']}, lr0 {staged['stage_defaults']['lr0']}, {staged['stage_defaults']['hyp']}) "
-        f"+ --noplots. Cap {cap:.0f} s. Times are from process start / smoke job start to the wall-clock stamp of the "
-        "results.csv row (polled every 0.2 s), i.e. through the epoch's validation.",
+        f"+ --noplots (bare yolov5 has no way to set the stages' nominal_batch and min_warmup_iters: they are train.py "
+        f"constants, which only the adapter makes settable). Cap {cap:.0f} s. Times run from the start of the naive process / of the pipeline's snakemake call to "
+        "the wall-clock stamp of the results.csv row (polled every 0.2 s), i.e. through the epoch's validation.",
     ]
     save(a.name, res, md)
 

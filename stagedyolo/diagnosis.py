@@ -151,6 +151,7 @@ def diagnose(timing: dict, stage: str | None = None) -> Findings:
     cfg, gpu, cpu, dw = t["config"], t["gpu"], t["cpu"], t["data_wait"]
     has_gpu = bool(gpu.get("available"))
     batch = _int(cfg.get("batch"))
+    nominal = _int(cfg.get("nominal_batch")) or int(T("nominal_batch"))  # the stage's, else yolov5's 64
     workers = _int(cfg.get("workers"))
     gpus = max(_int(cfg.get("gpus")) or 1, 1)
     img = _int(cfg.get("img"))
@@ -253,7 +254,7 @@ def diagnose(timing: dict, stage: str | None = None) -> Findings:
     elif not data_bound and batch:
         low_util = util_p50 < T("gpu_util_low_pct")
         headroom = (mem_share is not None and mem_share < T("memory_headroom_share")
-                    and util_p50 < T("gpu_util_busy_pct") and batch < T("nominal_batch"))
+                    and util_p50 < T("gpu_util_busy_pct") and batch < nominal)
         if low_util or headroom:
             factor = 2
             if mem_share:
@@ -261,17 +262,18 @@ def diagnose(timing: dict, stage: str | None = None) -> Findings:
                 factor = min(factor, 4)
             nb = batch * factor
             if headroom and not low_util:
-                nb = min(nb, int(T("nominal_batch")))
+                nb = min(nb, nominal)
             nb = nb // gpus * gpus
             if nb > batch:
                 found.append(_finding("batch_too_small", {
                     "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
                     "peak_memory_share": _ev(mem_share, T("memory_headroom_share"), "<" if headroom else "info"),
                     "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-                    "batch": _ev(batch, T("nominal_batch"), "info")},
+                    "batch": _ev(batch, nominal, "info")},
                     f"stages.{stage}.batch: {nb}",
                     ("the GPU idles between small kernels although the loader keeps up" if low_util else
-                     "the GPU has memory to spare: a bigger batch (<= 64 keeps yolov5's optimisation) raises images/s"),
+                     f"the GPU has memory to spare: a bigger batch (<= {nominal}, the nominal batch, keeps the optimisation) "
+                     "raises images/s"),
                     also=["a smaller model (model.cfg) if memory does not allow"],
                     addressable_share=(1 - util_p50 / 100) * (train_frac or 1.0)))
 

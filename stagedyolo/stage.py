@@ -24,6 +24,7 @@ from stagedyolo.engine.plan import (
     stage_hyp,
     stage_spec,
 )
+from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
@@ -46,6 +47,9 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
     # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
     batch = int(probe_choice.get("batch", 16) * spec["gpus"] if spec["batch"] == "auto" else spec["batch"])
+    # A spec that leaves them out (an older config, a hand-built spec) trains exactly as yolov5 does.
+    nominal_batch = _unless_none(spec.get("nominal_batch"), YOLOV5_NOMINAL_BATCH)
+    min_warmup_iters = _unless_none(spec.get("min_warmup_iters"), YOLOV5_MIN_WARMUP_ITERS)
     return {
         "stage": stage,
         "data": str(Path(data).resolve()),
@@ -58,7 +62,9 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "torch_threads": torch_threads,
         "freeze": spec["freeze"],
         "optimizer": spec["optimizer"],
-        "hyp": stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"]), spec["hyp"]),
+        "hyp": stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch), spec["hyp"]),
+        "nominal_batch": nominal_batch,
+        "min_warmup_iters": min_warmup_iters,
         "cache": None if cache == "none" else cache,
         "amp": probe_choice["amp"] if spec["amp"] == "auto" and "amp" in probe_choice else spec["amp"],
         "amp_source": "probe" if spec["amp"] == "auto" and "amp" in probe_choice else "config",
@@ -71,6 +77,10 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "seed": 0,
         "work_dir": str(Path(work_dir).resolve()),
     }
+
+
+def _unless_none(value, default):
+    return default if value is None else value
 
 
 def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, weights: list[str], probe: list[str],
@@ -170,7 +180,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-            **outcome.get("sampler", {}),
+            "nominal_batch": plan["nominal_batch"], **outcome.get("sampler", {}),
         },
     )  # fmt: skip
     write_timing(stage_dir, timing)

@@ -17,7 +17,8 @@ import yaml
 # Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
-    "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave",
+    "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
+    "min_warmup_iters",
 )  # fmt: skip
 
 # Smallest batch the out-of-memory retry halves down to.

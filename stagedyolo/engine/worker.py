@@ -22,6 +22,7 @@ from stagedyolo.engine.hooks import (
     ValidationSchedule,
     register,
 )
+from stagedyolo.engine.train_module import load_train
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
 from stagedyolo.telemetry import StageTimer
@@ -47,8 +48,9 @@ def main(plan_path: str) -> int:
 
     torch.set_num_threads(plan["torch_threads"])
     bound_init_process_group_timeout()  # DDP: a dead rank fails the others within minutes, not yolov5's 3 h
-    from yolov5 import train
     from yolov5.utils.callbacks import Callbacks
+
+    train = load_train(plan["nominal_batch"], plan["min_warmup_iters"])
 
     device = resolve_device(plan["device"], torch.cuda.is_available())
     amp, amp_reason = decide_amp(plan["amp"], device, plan.get("amp_source", "config"))

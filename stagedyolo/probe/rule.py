@@ -141,7 +141,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"{shared_cores})",
         f"ties within {TIE_TOLERANCE:.0%} of the best go to the smaller batch",
         "model steps use synthetic images and a few random targets; the optimizer steps every batch (yolov5 "
-        "accumulates to a nominal batch of 64, so real steps cost a little less at small batches)",
+        "accumulates to the stage's nominal_batch, so real steps cost a little less at smaller batches)",
         "each run's budget includes its warm-up batch; a run whose warm-up alone outlasted the budget is timed "
         "from that batch (pessimistic; flagged timed_from_warmup)",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "

@@ -148,12 +148,13 @@ def _cpu_section(cols, rows, win_rows) -> dict:
     }
 
 
-def effective_batch(batch) -> int | None:
-    """yolov5 accumulates gradients to the nominal batch 64: optimizer steps see batch * max(round(64/batch), 1)."""
+def effective_batch(batch, nominal_batch=None) -> int | None:
+    """yolov5 accumulates gradients to the nominal batch (64 unless the stage sets nominal_batch): optimizer steps
+    see batch * max(round(nominal/batch), 1)."""
     b = finite(batch)
     if not b or b <= 0:
         return None
-    return int(b * max(round(NOMINAL_BATCH / b), 1))
+    return int(b * max(round((finite(nominal_batch) or NOMINAL_BATCH) / b), 1))
 
 
 _SAMPLER_KEYS = ("gpu_status", "gpu_names", "nvml_indices", "interval_s", "samples", "sample_cpu_s", "errors")
@@ -270,8 +271,8 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
 
     b = meta.get("batch")
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
-                                        "val_period", "plots", "nosave")}
-    config["effective_batch"] = effective_batch(b)
+                                        "val_period", "plots", "nosave", "nominal_batch")}
+    config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
     sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s"))}
     return {
         "schema_version": SCHEMA_VERSION,
