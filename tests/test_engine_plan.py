@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from stagedyolo.engine.plan import base_hyp, cpu_budget, previous_stage, stage_hyp, stage_spec
+from stagedyolo.engine.plan import base_hyp, cpu_budget, previous_stage, probe_needed, stage_hyp, stage_spec
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -36,3 +36,12 @@ def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monk
     monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 2)
     assert cpu_budget(threads, workers, probe) == expected
     assert cpu_budget(64, 1, None) == (1, 1)  # capped at the machine's 2 cores
+
+
+def test_the_probe_runs_only_when_enabled_and_some_stage_leaves_a_probed_key_at_auto():
+    assert probe_needed(CONFIG)  # the demo leaves workers at auto
+    pinned = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "workers": 1, "batch": 16, "amp": False}}
+    assert not probe_needed(pinned)
+    one_auto = {**pinned, "stages": {**pinned["stages"], "highres": {**pinned["stages"]["highres"], "batch": "auto"}}}
+    assert probe_needed(one_auto)
+    assert not probe_needed({**one_auto, "probe": {**one_auto["probe"], "enabled": False}})

@@ -7,6 +7,7 @@ import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
+from stagedyolo.probe.child import model_runs_for
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -109,3 +110,14 @@ def test_probe_for_rule_measures_every_candidate_and_invents_no_gpu_numbers(tmp_
     assert tuning["machine"]["gpu_total_memory_bytes"] is None and tuning["machine"]["memory_limit_bytes"] is None
     assert any("AMP needs CUDA" in note for note in tuning["notes"])
     assert not list((tmp_path / "data").rglob("*.cache"))  # the label cache stays out of the user's data
+
+
+def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_thread_count():
+    request = {"batches": [8, 16], "thread_counts": [2, 1], "seconds_per_batch": 3.0}
+    cuda_runs, cuda_budget = model_runs_for(request, cuda=True)
+    assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cuda_runs) == [
+        (8, False, 1), (8, True, 1), (16, False, 1), (16, True, 1)]  # fmt: skip
+    cpu_runs, cpu_budget = model_runs_for(request, cuda=False)
+    assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cpu_runs) == [
+        (8, False, 1), (8, False, 2), (16, False, 1), (16, False, 2)]  # fmt: skip
+    assert cuda_budget == cpu_budget == 1.5  # each batch shares seconds_per_candidate among its runs

@@ -77,6 +77,18 @@ def stage_spec(config: dict, stage: str) -> dict:
     return spec
 
 
+# The stage keys the probe decides when a stage leaves them at `auto`.
+PROBED_KEYS = ("workers", "batch", "amp")
+
+
+def probe_needed(config: dict) -> bool:
+    """Whether the probe rule runs: it is enabled, and some stage leaves workers, batch or amp at `auto`
+    (a config that pins all three in every stage would pay the probe's half minute for nothing)."""
+    if not config["probe"]["enabled"]:
+        return False
+    return any(stage_spec(config, stage)[key] == "auto" for stage in config["stages"] for key in PROBED_KEYS)
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.engine import compat
+from stagedyolo.engine.worker import resolve_device
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -28,12 +29,15 @@ def main(request_path: str) -> int:
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
     import torch
 
-    torch.set_num_threads(max(r["torch_threads"] for r in request["model_runs"]))
+    torch.set_num_threads(max(request["thread_counts"]))
     from yolov5.utils.dataloaders import create_dataloader
     from yolov5.utils.loss import ComputeLoss  # noqa: F401  (imported here so its cost counts as import time)
 
     import_s = time.perf_counter() - started
-    device = torch.device(request["device"])
+    cuda = resolve_device(request["device_setting"], torch.cuda.is_available()) != "cpu"
+    device = torch.device(_torch_device(request["device_setting"]) if cuda else "cpu")
+    runs, seconds_per_model_run = model_runs_for(request, cuda)
+    request = {**request, "seconds_per_model_run": seconds_per_model_run}
     model = build_model(request, device)
     stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
 
@@ -44,17 +48,17 @@ def main(request_path: str) -> int:
         print(f"probe: loader workers={run['workers']}: {loader_runs[-1]['images_per_s']} images/s", flush=True)
 
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
-    torch.set_num_threads(min(r["torch_threads"] for r in request["model_runs"]))  # the cheapest on a busy box
+    torch.set_num_threads(min(r["torch_threads"] for r in runs))  # the cheapest on a busy box
     measure_model(model, {**request, "seconds_per_model_run": 0}, 1, False, device)
     model_runs = []
-    for run in request["model_runs"]:
+    for run in runs:
         torch.set_num_threads(run["torch_threads"])
         model_runs.append({**run, **measure_model(model, request, run["batch"], run["amp"], device)})
         print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
               f"{model_runs[-1].get('images_per_s')} images/s", flush=True)  # fmt: skip
 
-    cuda = device.type == "cuda"
     result = {
+        "cuda": cuda,
         "loader": loader_runs,
         "model": model_runs,
         "import_s": round(import_s, 3),
@@ -66,6 +70,21 @@ def main(request_path: str) -> int:
     }
     Path(request["out"]).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def model_runs_for(request: dict, cuda: bool) -> tuple[list[dict], float]:
+    """The model runs (batch, amp, torch threads) and each one's budget. On CUDA the GPU computes: each batch is
+    timed once, with the fewest threads any candidate gets, with AMP on and off. On CPU AMP does not apply, and each
+    batch is timed at every thread count the worker candidates leave."""
+    thread_counts = request["thread_counts"][-1:] if cuda else request["thread_counts"]
+    amps = (True, False) if cuda else (False,)
+    runs = [{"batch": b, "amp": a, "torch_threads": t} for b in request["batches"] for a in amps for t in thread_counts]
+    return runs, request["seconds_per_batch"] / (len(thread_counts) * len(amps))
+
+
+def _torch_device(device: str) -> str:
+    """The first CUDA device of a yolov5 device string ('' = the first one, '0,1' = several: measure on one)."""
+    return "cuda:" + (resolve_device(device, True).split(",")[0] or "0")
 
 
 def build_model(request: dict, device):

@@ -14,7 +14,6 @@ import yaml
 from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
-from stagedyolo.engine.worker import resolve_device
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
 
@@ -53,18 +52,12 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
 def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: dict, stage_defaults: dict, cfg: str,
                  device: str, img: int, threads: int, work: Path) -> dict:  # fmt: skip
     """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
-    it (cpu_budget), because that is what compute really gets while the workers load."""
-    import torch  # only to ask whether CUDA exists; the child initialises it
-
-    cuda = resolve_device(device, torch.cuda.is_available()) != "cpu"
+    it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
+    child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
+    the candidates and the child expands them into model runs (model_runs)."""
     cores = cpu_budget(threads, 0)[1]
     loader_runs = [{"workers": w, "torch_threads": cpu_budget(threads, w)[1]} for w in settings["workers"]]
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
-    if cuda:  # the GPU computes; time it once, with the fewest threads any candidate gets
-        thread_counts = thread_counts[-1:]
-    amps = (True, False) if cuda else (False,)
-    model_runs = [{"batch": b, "amp": a, "torch_threads": t} for b in settings["batch"] for a in amps
-                  for t in thread_counts]  # fmt: skip
     seconds = float(settings["seconds_per_candidate"])
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     hyp_defaults = stage_defaults.get("hyp") or {}
@@ -76,19 +69,19 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
         "loader_batch": _typical_batch(stage_defaults.get("batch"), settings["batch"]),
         "loader_runs": loader_runs,
-        "model_runs": model_runs,
+        "batches": list(settings["batch"]),
+        "thread_counts": thread_counts,
         "seconds_per_loader_run": seconds,
         # Each batch gets seconds_per_candidate in all, shared by its thread counts and AMP settings, so the probe
         # stays near (len(workers) + len(batch)) x seconds_per_candidate.
-        "seconds_per_model_run": seconds / (len(thread_counts) * len(amps)),
-        "device": _torch_device(device) if cuda else "cpu",
+        "seconds_per_batch": seconds,
+        "device_setting": str(device),
         "weights": str(Path(weights[0]).resolve()) if weights else "",
         "cfg": cfg,
         "nc": int(data_yaml.get("nc") or len(data_yaml["names"])),
         "freeze": int(stage_defaults.get("freeze") or 0),
         "optimizer": stage_defaults.get("optimizer") or "SGD",
         "cores": cores,
-        "cuda": cuda,
         "out": str(work / "measured.json"),
     }
 
@@ -114,8 +107,8 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
     env["OMP_NUM_THREADS"] = str(request["cores"])  # the child sets each measurement's count itself
     planned = planned_seconds(request)
     with open(log_path, "a") as log:
-        log.write(f"probe: measuring {len(request['loader_runs'])} loader and {len(request['model_runs'])} model "
-                  f"runs, about {planned:.0f} s plus imports\n")  # fmt: skip
+        log.write(f"probe: measuring {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch "
+                  f"sizes, about {planned:.0f} s plus imports\n")  # fmt: skip
         log.flush()
         completed = subprocess.run([sys.executable, "-m", "stagedyolo.probe.child", str(request_path)], env=env,
                                    stdout=log, stderr=subprocess.STDOUT,
@@ -126,16 +119,17 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
 
 
 def planned_seconds(request: dict) -> float:
-    return (len(request["loader_runs"]) * request["seconds_per_loader_run"]
-            + len(request["model_runs"]) * request["seconds_per_model_run"])  # fmt: skip
+    return len(request["loader_runs"]) * request["seconds_per_loader_run"] + len(request["batches"]) * request[
+        "seconds_per_batch"]  # fmt: skip
 
 
 def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
+    cuda = measured["cuda"]
     total = measured.get("gpu_total_memory_bytes")
-    limit = int(total * settings["max_memory_fraction"]) if request["cuda"] and total else None
+    limit = int(total * settings["max_memory_fraction"]) if cuda and total else None
     candidates = combine(measured["loader"], measured["model"], cores=request["cores"],
-                         shares_cpu=not request["cuda"], memory_limit_bytes=limit)  # fmt: skip
-    shared_cores = "" if request["cuda"] else ", and cores/(W/loader + threads/model): workers and compute share cores"
+                         shares_cpu=not cuda, memory_limit_bytes=limit)  # fmt: skip
+    shared_cores = "" if cuda else ", and cores/(W/loader + threads/model): workers and compute share cores"
     notes = [
         f"predicted images/s: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min of both"
         f"{shared_cores})",
@@ -147,7 +141,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}, at batch {request['loader_batch']}",
     ]
-    if not request["cuda"]:
+    if not cuda:
         notes.append("AMP needs CUDA: measured with AMP off only; peak memory is not measured on CPU (null)")
     choice = choose(candidates)
     if not choice:
@@ -173,11 +167,6 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "notes": notes,
         "written_unix": round(time.time(), 3),
     }
-
-
-def _torch_device(device: str) -> str:
-    """The first CUDA device of a yolov5 device string ('' = the first one, '0,1' = several: measure on one)."""
-    return "cuda:" + (resolve_device(device, True).split(",")[0] or "0")
 
 
 def _typical_batch(default, candidates: list[int]) -> int:

@@ -4,7 +4,7 @@ from snakemake.utils import validate
 import yaml
 
 from stagedyolo.config import check_config, coerce_cli_strings
-from stagedyolo.engine.plan import available_cores, previous_stage, stage_names, stage_spec
+from stagedyolo.engine.plan import available_cores, previous_stage, probe_needed, stage_names, stage_spec
 
 CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
 config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
@@ -49,7 +49,8 @@ def get_pretrained_input():
 
 
 def get_probe_output():
-    return [f"{RUN}/probe/tuning.json"] if config["probe"]["enabled"] else []
+    """The probe's tuning.json, unless it is disabled or no stage leaves workers, batch or amp at auto."""
+    return [f"{RUN}/probe/tuning.json"] if probe_needed(config) else []
 
 
 def get_stage_weights(wildcards):
