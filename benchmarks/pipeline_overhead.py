@@ -14,7 +14,7 @@ A poller stamps each results.csv row, which splits each run into [launch → fir
 For A the snakemake benchmark TSV (job wall) and timing.json (supervisor wall, worker phases) split it further;
 `snakemake -n` on the same target measures Snakemake's own start-up and DAG cost.
 
-Run:  python benchmarks/pipeline_overhead.py [--rounds 3] [--epochs 5] [--source <finished demo workdir>]
+Run:  python benchmarks/pipeline_overhead.py [--rounds 3] [--epochs 5] [--source <finished demo workdir>] [--name N]
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--source", type=Path, help="a finished demo workdir (its demo data and pretrained.pt)")
     ap.add_argument("--workdir", type=Path, default=WORK / "pipeline_overhead")
+    ap.add_argument("--name", default="pipeline_overhead", help="results file name")
     a = ap.parse_args(argv)
     import yaml
 
@@ -192,7 +193,7 @@ def main(argv=None):
         f"| · of which per-epoch checkpoint saves (atomic) | {ckpt:.2f} |",
         f"| bare yolov5, whole | {b_wall:.1f} |", "",
     ]
-    save("pipeline_overhead", res, md)
+    save(a.name, res, md)
 
 
 if __name__ == "__main__":
