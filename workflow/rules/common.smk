@@ -4,7 +4,13 @@ from snakemake.utils import validate
 import yaml
 
 from stagedyolo.config import check_config, coerce_cli_strings
-from stagedyolo.engine.plan import available_cores, previous_stage, probe_needed, stage_names, stage_spec
+from stagedyolo.engine.plan import (
+    available_cores,
+    previous_stage,
+    probe_needed,
+    stage_names,
+    stage_spec,
+)
 
 CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
 config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
