@@ -7,7 +7,7 @@ import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
-from stagedyolo.probe.child import model_runs_for
+from stagedyolo.probe.child import loader_is_ample, model_runs_for
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -121,3 +121,11 @@ def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cpu_runs) == [
         (8, False, 1), (8, False, 2), (16, False, 1), (16, False, 2)]  # fmt: skip
     assert cuda_budget == cpu_budget == 1.5  # each batch shares seconds_per_candidate among its runs
+
+
+def test_a_loader_run_stops_early_only_when_it_clearly_outpaces_the_model():
+    # 12 batches of 16 in 0.1 s with 2 workers: (12 - 4 prefetched) * 16 / 0.1 = 1280 images/s.
+    assert loader_is_ample(12, 2, 16, 0.1, ample_images_per_s=3 * 100)
+    assert not loader_is_ample(12, 2, 16, 0.1, ample_images_per_s=3 * 500)  # not 3x a 500 images/s model
+    assert not loader_is_ample(9, 0, 16, 0.01, ample_images_per_s=3 * 100)  # too few batches to trust
+    assert not loader_is_ample(40, 2, 16, 1.0, ample_images_per_s=0)  # no model rate (e.g. all OOM): full budget

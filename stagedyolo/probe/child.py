@@ -20,6 +20,10 @@ from stagedyolo.engine.worker import resolve_device
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
+# A loader run may stop early once it delivers this many times the fastest model rate, after at least this many
+# batches: then it cannot be the bottleneck, and the rest of its budget would measure nothing that matters.
+LOADER_AMPLE_FACTOR = 3
+LOADER_MIN_BATCHES = 10
 
 
 def main(request_path: str) -> int:
@@ -41,12 +45,7 @@ def main(request_path: str) -> int:
     model = build_model(request, device)
     stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
 
-    loader_runs = []
-    for run in request["loader_runs"]:
-        torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
-        loader_runs.append({**run, **measure_loader(create_dataloader, request, run["workers"], stride)})
-        print(f"probe: loader workers={run['workers']}: {loader_runs[-1]['images_per_s']} images/s", flush=True)
-
+    # The model first: its fastest rate tells each loader run when it has shown it cannot be the bottleneck.
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
     torch.set_num_threads(min(r["torch_threads"] for r in runs))  # the cheapest on a busy box
     measure_model(model, {**request, "seconds_per_model_run": 0}, 1, False, device)
@@ -56,6 +55,14 @@ def main(request_path: str) -> int:
         model_runs.append({**run, **measure_model(model, request, run["batch"], run["amp"], device)})
         print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
               f"{model_runs[-1].get('images_per_s')} images/s", flush=True)  # fmt: skip
+
+    fastest_model = max((r["images_per_s"] or 0 for r in model_runs), default=0)
+    loader_runs = []
+    for run in request["loader_runs"]:
+        torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
+        loader_runs.append({**run, **measure_loader(create_dataloader, request, run["workers"], stride,
+                                                    ample_images_per_s=LOADER_AMPLE_FACTOR * fastest_model)})
+        print(f"probe: loader workers={run['workers']}: {loader_runs[-1]['images_per_s']} images/s", flush=True)
 
     result = {
         "cuda": cuda,
@@ -114,8 +121,19 @@ def build_model(request: dict, device):
     return model
 
 
-def measure_loader(create_dataloader, request: dict, workers: int, stride: int) -> dict:
-    """Images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them)."""
+def loader_is_ample(batches: int, workers: int, batch: int, seconds: float, ample_images_per_s: float) -> bool:
+    """Whether a loader run may stop before its budget: it has delivered at least LOADER_MIN_BATCHES batches, and
+    even without the batches its workers had prefetched (PyTorch queues 2 per worker, which arrive at once) it is
+    LOADER_AMPLE_FACTOR times faster than the fastest model run, so it cannot be the bottleneck and its exact rate
+    hardly moves the prediction (W = 0: 1/(1/L + 1/M) changes by about M/L; W > 0: min(L, M) = M)."""
+    if ample_images_per_s <= 0 or batches < LOADER_MIN_BATCHES or seconds <= 0:
+        return False
+    return (batches - 2 * workers) * batch / seconds >= ample_images_per_s
+
+
+def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0) -> dict:
+    """Images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
+    The run stops at its budget, or earlier once loader_is_ample says the loader is clearly not the bottleneck."""
     loader, _dataset = create_dataloader(
         request["data_list"], request["img"], request["loader_batch"], stride, hyp=request["hyp"], augment=True,
         cache=request["cache"], rect=False, rank=-1, workers=workers, shuffle=True, prefix="probe: ", seed=0,
@@ -126,10 +144,13 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int) 
     warmup_images = next(batches)[0].shape[0]  # warm-up: worker start-up and first reads are paid once per stage
     timed_start = time.perf_counter()
     images = count = 0
-    while time.perf_counter() - start < budget:
+    ample = False
+    while time.perf_counter() - start < budget and not ample:
         imgs, _targets, _paths, _shapes = next(batches)
         images += imgs.shape[0]
         count += 1
+        ample = loader_is_ample(count, workers, request["loader_batch"], time.perf_counter() - timed_start,
+                                ample_images_per_s)  # fmt: skip
     seconds = time.perf_counter() - timed_start
     from_warmup = count == 0
     if from_warmup:  # the warm-up alone used the budget: its time is the (pessimistic) measurement
@@ -146,6 +167,7 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int) 
         "seconds": round(seconds, 4),
         "warmup_s": round(timed_start - start, 4),
         "timed_from_warmup": from_warmup,
+        "stopped_early": ample,  # clearly faster than the model: the rest of the budget was not needed
         "images_per_s": round(images / seconds, 3),
     }
 

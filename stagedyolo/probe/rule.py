@@ -138,6 +138,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "accumulates to the stage's nominal_batch, so real steps cost a little less at smaller batches)",
         "each run's budget includes its warm-up batch; a run whose warm-up alone outlasted the budget is timed "
         "from that batch (pessimistic; flagged timed_from_warmup)",
+        "the model runs first; a loader run stops before its budget once it delivers 3x the fastest model rate "
+        "after 10 batches, not counting its workers' prefetched batches (flagged stopped_early)",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}, at batch {request['loader_batch']}",
     ]
