@@ -201,6 +201,7 @@ def main(argv=None):
             raise SystemExit(f"the pipeline never reached mAP50 {a.target}: {staged['per_stage']}")
         cap = min(1200.0, max(300.0, 4 * ts)) if a.cap_s == "auto" else float(a.cap_s)
         naive, variants = {}, a.variants.split(",")
+        earlier = None
         if a.naive_from:  # earlier runs of these variants are kept; the others run now
             earlier = json.loads(a.naive_from.read_text())
             naive = {v: n for v, n in earlier["naive"].items() if v in variants}
@@ -228,7 +229,7 @@ def main(argv=None):
     res = {"target_map50": a.target, "staged": staged, "naive": naive, "cap_s": cap, "epochs_cap": a.epochs,
            "machine": info,
            "load": load.summary(),
-           "load_of_reused_naive_runs": json.loads(a.naive_from.read_text())["load"] if a.naive_from else None, "acceptance_ratio": 0.33, "goal_ratio": 0.25}  # fmt: skip
+           "load_of_reused_naive_runs": earlier["load"] if earlier else None, "acceptance_ratio": 0.33, "goal_ratio": 0.25}  # fmt: skip
     md = [
         f"# Time to mAP50 ≥ {a.target}: staged pipeline vs naive one-shot yolov5", "",
         f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU; 1-min load average during the run "

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.telemetry.summary import finite as _num
 
 # name: (value, unit, source). ONE table: diagnose() reads nothing else.
@@ -44,7 +45,7 @@ THRESHOLDS: dict[str, tuple[float, str, str]] = {
                              "article: a slow first epoch is image decoding; cache the decoded images"),
     "ram_cache_margin": (0.30, "fraction of available RAM kept free",
                          "config cache.ram_safety_margin default; yolov5 itself keeps only 10 %"),
-    "nominal_batch": (64, "images", "yolov5 nbs: gradients are accumulated to 64, so batch <= 64 keeps the optimisation"),
+    "nominal_batch": (YOLOV5_NOMINAL_BATCH, "images", "yolov5 nbs: gradients are accumulated to 64, so batch <= 64 keeps the optimisation"),
 }
 
 CLASSES = {

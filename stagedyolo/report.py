@@ -47,8 +47,6 @@ CAPTIONS = {
 }
 
 
-
-
 def read_results(path) -> dict:
     """yolov5 results.csv -> {'epoch': [...], 'map50': [...]} (nan -> None). Padded columns are handled."""
     import pandas as pd

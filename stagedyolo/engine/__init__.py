@@ -4,5 +4,6 @@
 - `compat`: in-process shims for current numpy, Pillow and torch.
 - `plan`: a stage spec from config, resolved into everything one yolov5 run needs.
 - `hooks`: callbacks plugged into yolov5 (validation period, NaN guard, test-only fault injection).
+- `train_module`: yolov5's train.py with its nominal batch and warmup floor settable per stage.
 - `worker`: the entry point of the stage process (`python -m stagedyolo.engine.worker plan.json`).
 """

@@ -153,8 +153,6 @@ def build_opt(train, plan: dict, device: str):
     return opt
 
 
-
-
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1]))

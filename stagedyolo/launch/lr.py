@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
+
 LR_SCALING_MODES = ("none", "linear")
 
 
-def yolov5_accumulate(batch: int, nominal_batch: int = 64) -> int:
+def yolov5_accumulate(batch: int, nominal_batch: int = YOLOV5_NOMINAL_BATCH) -> int:
     """The gradient-accumulation steps YOLOv5 7.0 uses after warmup (train.py: ``max(round(nbs / batch), 1)``).
 
     ``batch`` is the total batch over all ranks: YOLOv5 computes this from ``--batch-size`` before splitting it.
@@ -13,7 +15,7 @@ def yolov5_accumulate(batch: int, nominal_batch: int = 64) -> int:
     return max(round(nominal_batch / batch), 1)
 
 
-def scaled_lr0(lr0: float, batch: int, mode: str = "none", nominal_batch: int = 64) -> float:
+def scaled_lr0(lr0: float, batch: int, mode: str = "none", nominal_batch: int = YOLOV5_NOMINAL_BATCH) -> float:
     """The ``lr0`` to write into the stage's hyp file for a total ``batch`` under ``lr_scaling: mode``.
 
     - ``none`` (default): ``lr0`` unchanged. YOLOv5 already normalises to ``nominal_batch`` by accumulating

@@ -24,6 +24,8 @@ SYNTHETIC_OBJECTS = 4
 # batches: then it cannot be the bottleneck, and the rest of its budget would measure nothing that matters.
 LOADER_AMPLE_FACTOR = 3
 LOADER_MIN_BATCHES = 10
+# Batches each DataLoader worker queues ahead (PyTorch's prefetch_factor default): they arrive at once.
+PREFETCH_PER_WORKER = 2
 
 
 def main(request_path: str) -> int:
@@ -128,7 +130,7 @@ def loader_is_ample(batches: int, workers: int, batch: int, seconds: float, ampl
     hardly moves the prediction (W = 0: 1/(1/L + 1/M) changes by about M/L; W > 0: min(L, M) = M)."""
     if ample_images_per_s <= 0 or batches < LOADER_MIN_BATCHES or seconds <= 0:
         return False
-    return (batches - 2 * workers) * batch / seconds >= ample_images_per_s
+    return (batches - PREFETCH_PER_WORKER * workers) * batch / seconds >= ample_images_per_s
 
 
 def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0) -> dict:
@@ -160,7 +162,7 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     del batches, loader
     gc.collect()
     # The batches the workers had queued during the warm-up arrive at once: they are not the timed window's work.
-    prefetched = min(2 * effective, count - 1) if not from_warmup else 0
+    prefetched = min(PREFETCH_PER_WORKER * effective, count - 1) if not from_warmup else 0
     return {
         "workers_effective": effective,  # yolov5 caps workers at min(cpu_count, batch, workers)
         "batch": request["loader_batch"],

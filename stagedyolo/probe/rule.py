@@ -15,6 +15,7 @@ from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
 from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.probe.child import LOADER_AMPLE_FACTOR, LOADER_MIN_BATCHES
 from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
@@ -138,8 +139,9 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "accumulates to the stage's nominal_batch, so real steps cost a little less at smaller batches)",
         "each run's budget includes its warm-up batch; a run whose warm-up alone outlasted the budget is timed "
         "from that batch (pessimistic; flagged timed_from_warmup)",
-        "the model runs first; a loader run stops before its budget once it delivers 3x the fastest model rate "
-        "after 10 batches, not counting its workers' prefetched batches (flagged stopped_early)",
+        f"the model runs first; a loader run stops before its budget once it delivers {LOADER_AMPLE_FACTOR}x the "
+        f"fastest model rate after {LOADER_MIN_BATCHES} batches, not counting its workers' prefetched batches "
+        "(flagged stopped_early)",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}, at batch {request['loader_batch']}",
     ]

@@ -11,12 +11,12 @@ import json
 import math
 from pathlib import Path
 
+from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import write_json
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("timing.schema.json")
 PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
-NOMINAL_BATCH = 64  # yolov5 accumulates gradients up to this batch (nbs)
 MB = 1024 * 1024
 
 
@@ -154,7 +154,7 @@ def effective_batch(batch, nominal_batch=None) -> int | None:
     b = finite(batch)
     if not b or b <= 0:
         return None
-    return int(b * max(round((finite(nominal_batch) or NOMINAL_BATCH) / b), 1))
+    return int(b * max(round((finite(nominal_batch) or YOLOV5_NOMINAL_BATCH) / b), 1))
 
 
 _SAMPLER_KEYS = ("gpu_status", "gpu_names", "nvml_indices", "interval_s", "samples", "sample_cpu_s", "errors")
