@@ -27,7 +27,7 @@ from stagedyolo.engine.plan import (
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
-from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
+from stagedyolo.launch import WarmStart, build_stage_command, run_supervised, scaled_lr0, warm_start_for
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
@@ -102,13 +102,18 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
     )
-    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path,
-                     engine_home=Path(run_dir) / "engine", telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+    engine_home = Path(run_dir) / "engine"
+    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
+                     telemetry_interval=config["telemetry"]["interval_s"],
+                     warm=warm_start_for(config, engine_home))  # fmt: skip
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0) -> dict:  # fmt: skip
-    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed."""
+              telemetry_interval: float = 1.0, warm: WarmStart | None = None) -> dict:  # fmt: skip
+    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
+
+    ``warm``: fork the worker from the warm server (a single-process stage only; torchrun ranks start cold).
+    """
     work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
@@ -126,7 +131,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
                   f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
         log.flush()
-        returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval)
+        returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval, warm)
     wall = time.time() - started
     outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
     outcome["sampler"] = sampler_info
@@ -180,7 +185,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-            "nominal_batch": plan["nominal_batch"], **outcome.get("sampler", {}),
+            "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
+            **outcome.get("sampler", {}),
         },
     )  # fmt: skip
     write_timing(stage_dir, timing)
@@ -190,7 +196,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     return verdict_line(plan["stage"], findings)
 
 
-def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
+def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float,
+            warm: WarmStart | None) -> tuple[int, dict]:  # fmt: skip
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     write_json(plan_path, plan)
@@ -204,7 +211,8 @@ def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: floa
 
     try:
         # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
-        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
+        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler,
+                                    warm=warm)  # fmt: skip
     finally:
         for sampler in samplers:
             sampler.stop()

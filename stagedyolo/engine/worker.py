@@ -36,6 +36,7 @@ EXIT_NONFINITE = 76
 
 def main(plan_path: str) -> int:
     process_start = time.time()
+    warm_start = "torch" in sys.modules  # forked from the warm server, imports done (stagedyolo.launch.warm)
     exit_when_parent_dies()  # a SIGKILLed supervisor must not leave this stage training on its own
     plan = json.loads(Path(plan_path).read_text())
     work_dir = Path(plan["work_dir"])
@@ -69,7 +70,8 @@ def main(plan_path: str) -> int:
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
 
-    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0"}
+    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
+               "warm_start": warm_start}  # fmt: skip
     try:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:

@@ -51,11 +51,37 @@ def exit_when_parent_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threadin
     return watcher
 
 
+def exit_when_process_dies(pid: int, poll_s: float = 1.0, grace_s: float = 5.0) -> threading.Thread:
+    """Like exit_when_parent_dies, for a process that is not our parent (a warm child watches its caller)."""
+    import psutil
+
+    try:
+        watched = psutil.Process(pid)  # remembers the start time, so a reused PID does not look alive
+    except psutil.NoSuchProcess:
+        watched = None
+
+    def alive() -> bool:
+        try:
+            return watched is not None and watched.is_running() and watched.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    watcher = threading.Thread(
+        target=_watch, args=(f"caller process {pid}", alive, poll_s, grace_s), name="exit-when-caller-dies", daemon=True
+    )
+    watcher.start()
+    return watcher
+
+
 def _watch_parent(parent_pid: int, poll_s: float, grace_s: float) -> None:
     # A parent pid of 1 means we were orphaned before the watch started.
-    while parent_pid != 1 and os.getppid() == parent_pid:
+    _watch(f"parent process {parent_pid}", lambda: parent_pid != 1 and os.getppid() == parent_pid, poll_s, grace_s)
+
+
+def _watch(label: str, alive: Callable[[], bool], poll_s: float, grace_s: float) -> None:
+    while alive():
         time.sleep(poll_s)
-    print(f"stagedyolo: parent process {parent_pid} is gone; ending pid {os.getpid()}", file=sys.stderr, flush=True)
+    print(f"stagedyolo: {label} is gone; ending pid {os.getpid()}", file=sys.stderr, flush=True)
     _signal_own_processes(signal.SIGTERM)
     time.sleep(grace_s)
     _signal_own_processes(signal.SIGKILL)

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from .parent_watch import parent_death_preexec
 from .process_tree import ProcessTree
+from .warm import WarmChild, WarmStart, start_warm
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _POLL_S = 0.2
@@ -68,19 +69,24 @@ def supervise(
     stderr: int | IO | None = None,
     grace_s: float = 10.0,
     on_start: Callable[[int], None] | None = None,
+    warm: WarmStart | None = None,
 ) -> SupervisedResult:
     """Like run_supervised, but also says whether a signal stopped the stage and what had to be SIGKILLed."""
     stop = _StopRequests()
     previous_handlers = _install_handlers(stop)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | WarmChild | None = None
     tree: ProcessTree | None = None
     result = SupervisedResult(returncode=-1)
     try:
-        proc = subprocess.Popen(
-            list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout, stderr=stderr,
-            start_new_session=True,  # its own group, so signals reach it and its children and not us
-            preexec_fn=parent_death_preexec(signal.SIGTERM),  # if we are SIGKILLed, it still hears about it
-        )
+        if warm is not None:  # forked by the warm server, in a session of its own; None: start it cold
+            proc = start_warm(argv, os.environ if env is None else env, warm, cwd=cwd, stdout=stdout,
+                              stderr=stderr, log=stdout if hasattr(stdout, "write") else None)  # fmt: skip
+        if proc is None:
+            proc = subprocess.Popen(
+                list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout, stderr=stderr,
+                start_new_session=True,  # its own group, so signals reach it and its children and not us
+                preexec_fn=parent_death_preexec(signal.SIGTERM),  # if we are SIGKILLed, it still hears about it
+            )
         tree = ProcessTree(proc.pid)
         stop.attach(proc.pid, tree)
         if on_start is not None:
@@ -109,13 +115,14 @@ def run_supervised(argv: Sequence[str], env: Mapping[str, str] | None, **options
     no handlers are installed: stopping is the caller's business. Either way, once the child has exited, or
     ``grace_s`` after a stop signal, every process it started is ended, by PID and process group: SIGTERM, then
     SIGKILL when ``grace_s`` is up. ``on_start(pid)`` runs once the child exists (e.g. to start telemetry).
-    ``options`` are supervise()'s: cwd, stdout, stderr, grace_s, on_start.
+    ``options`` are supervise()'s: cwd, stdout, stderr, grace_s, on_start, and warm (a WarmStart: fork a plain
+    ``python -m`` command from the warm server instead of starting Python afresh; see launch/warm.py).
     """
     return supervise(argv, env, **options).returncode
 
 
 def _wait_for_child(
-    proc: subprocess.Popen, tree: ProcessTree, stop: _StopRequests, grace_s: float
+    proc: subprocess.Popen | WarmChild, tree: ProcessTree, stop: _StopRequests, grace_s: float
 ) -> tuple[int, list[int]]:
     last_refresh = time.monotonic()
     while True:

@@ -15,6 +15,7 @@ from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
 from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.launch.warm import WarmStart, start_warm, warm_start_for
 from stagedyolo.probe.child import LOADER_AMPLE_FACTOR, LOADER_MIN_BATCHES
 from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
 
@@ -26,9 +27,10 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
-                   stage_defaults: dict, cfg: str, device: str, img: int, threads: int,
-                   log_path: str) -> dict:  # fmt: skip
-    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote."""
+                   stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
+                   engine: dict | None = None) -> dict:  # fmt: skip
+    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``engine``: the config's
+    engine section (whether the measuring child may fork from the warm server)."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -42,7 +44,9 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
                            work=work)  # fmt: skip
     run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
     load_before = os.getloadavg()
-    measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
+    engine_home = run_dir / "engine"
+    measured = run_child(request, work, engine_home=engine_home, log_path=log_path,
+                         warm=warm_start_for({"engine": engine or {}}, engine_home))  # fmt: skip
     tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
@@ -100,7 +104,7 @@ def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> Path:
     return list_path
 
 
-def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) -> dict:
+def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str, warm: WarmStart | None = None) -> dict:
     request_path = work / "request.json"
     write_json(request_path, request)
     Path(request["out"]).unlink(missing_ok=True)
@@ -111,11 +115,18 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
         log.write(f"probe: measuring {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch "
                   f"sizes, about {planned:.0f} s plus imports\n")  # fmt: skip
         log.flush()
-        completed = subprocess.run([sys.executable, "-m", "stagedyolo.probe.child", str(request_path)], env=env,
-                                   stdout=log, stderr=subprocess.STDOUT,
-                                   timeout=CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned)  # fmt: skip
-    if completed.returncode != 0:
-        raise RuntimeError(f"probe: the measuring process exited {completed.returncode}; see {log_path}")
+        argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
+        child = start_warm(argv, env, warm, stdout=log, stderr=subprocess.STDOUT, log=log) if warm else None
+        if child is None:
+            child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            returncode = child.wait(timeout=CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise
+    if returncode != 0:
+        raise RuntimeError(f"probe: the measuring process exited {returncode}; see {log_path}")
     return read_json(request["out"])
 
 
