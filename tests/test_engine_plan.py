@@ -1,7 +1,15 @@
 import pytest
 import yaml
 
-from stagedyolo.engine.plan import base_hyp, cpu_budget, previous_stage, probe_needed, stage_hyp, stage_spec
+from stagedyolo.engine.plan import (
+    base_hyp,
+    cpu_budget,
+    previous_stage,
+    probe_batches,
+    probe_needed,
+    stage_hyp,
+    stage_spec,
+)
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -45,3 +53,11 @@ def test_the_probe_runs_only_when_enabled_and_some_stage_leaves_a_probed_key_at_
     one_auto = {**pinned, "stages": {**pinned["stages"], "highres": {**pinned["stages"]["highres"], "batch": "auto"}}}
     assert probe_needed(one_auto)
     assert not probe_needed({**one_auto, "probe": {**one_auto["probe"], "enabled": False}})
+
+
+def test_the_probe_times_the_model_only_at_batches_a_stage_can_take():
+    assert probe_batches(CONFIG) == [16]  # the demo fixes batch 16 and leaves workers at auto
+    one_auto = {**CONFIG, "stages": {**CONFIG["stages"], "highres": {**CONFIG["stages"]["highres"], "batch": "auto"}}}
+    assert probe_batches(one_auto) == CONFIG["probe"]["batch"]  # a batch: auto stage may take any candidate
+    two_gpus = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "batch": 64, "gpus": 2}}
+    assert probe_batches(two_gpus) == [32]  # the probe measures one GPU's share of the total batch

@@ -89,6 +89,19 @@ def probe_needed(config: dict) -> bool:
     return any(stage_spec(config, stage)[key] == "auto" for stage in config["stages"] for key in PROBED_KEYS)
 
 
+def probe_batches(config: dict) -> list[int]:
+    """The batch sizes (per GPU) the probe times the model at: its candidates when some stage leaves batch at
+    `auto`; otherwise only the batches of the stages that take its workers or amp, since no other batch can be
+    chosen (on the demo that is one model batch instead of three: seconds saved, nothing a choice depends on lost).
+    """
+    specs = [stage_spec(config, stage) for stage in config["stages"]]
+    if any(spec["batch"] == "auto" for spec in specs):
+        return list(config["probe"]["batch"])
+    fixed = {max(1, int(spec["batch"]) // int(spec["gpus"])) for spec in specs
+             if spec["workers"] == "auto" or spec["amp"] == "auto"}  # fmt: skip
+    return sorted(fixed) or list(config["probe"]["batch"])
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

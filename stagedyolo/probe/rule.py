@@ -28,9 +28,10 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   engine: dict | None = None) -> dict:  # fmt: skip
-    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``engine``: the config's
-    engine section (whether the measuring child may fork from the warm server)."""
+                   batches: list[int] | None = None, engine: dict | None = None) -> dict:  # fmt: skip
+    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
+    to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
+    take). ``engine``: the config's engine section (whether the measuring child may fork from the warm server)."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -41,7 +42,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     work.mkdir(exist_ok=True)
     request = plan_request(data, cache_mode=read_json(cache_decision)["mode"], weights=weights, settings=settings,
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
-                           work=work)  # fmt: skip
+                           work=work, batches=batches)  # fmt: skip
     run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
     load_before = os.getloadavg()
     engine_home = run_dir / "engine"
@@ -55,7 +56,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
 
 
 def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: dict, stage_defaults: dict, cfg: str,
-                 device: str, img: int, threads: int, work: Path) -> dict:  # fmt: skip
+                 device: str, img: int, threads: int, work: Path, batches: list[int] | None = None) -> dict:  # fmt: skip
     """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
     it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
     child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
@@ -74,7 +75,7 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
         "loader_batch": _typical_batch(stage_defaults.get("batch"), settings["batch"]),
         "loader_runs": loader_runs,
-        "batches": list(settings["batch"]),
+        "batches": list(batches or settings["batch"]),
         "thread_counts": thread_counts,
         "seconds_per_loader_run": seconds,
         # Each batch gets seconds_per_candidate in all, shared by its thread counts and AMP settings, so the probe
@@ -156,6 +157,9 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}, at batch {request['loader_batch']}",
     ]
+    if sorted(request["batches"]) != sorted(settings["batch"]):
+        notes.append(f"model timed at batch {request['batches']} only: no stage leaves batch at auto, so the other "
+                     f"candidates {settings['batch']} could not be chosen")  # fmt: skip
     if not cuda:
         notes.append("AMP needs CUDA: measured with AMP off only; peak memory is not measured on CPU (null)")
     choice = choose(candidates)
@@ -178,6 +182,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "child_s": measured["child_s"],
         },
         "settings": {"img": request["img"], "workers": settings["workers"], "batch": settings["batch"],
+                     "batch_measured": request["batches"],
                      "max_memory_fraction": settings["max_memory_fraction"]},  # fmt: skip
         "notes": notes,
         "written_unix": round(time.time(), 3),

@@ -7,6 +7,7 @@ from stagedyolo.config import check_config, coerce_cli_strings
 from stagedyolo.engine.plan import (
     available_cores,
     previous_stage,
+    probe_batches,
     probe_needed,
     stage_names,
     stage_spec,
@@ -57,6 +58,11 @@ def get_pretrained_input():
 def get_probe_output():
     """The probe's tuning.json, unless it is disabled or no stage leaves workers, batch or amp at auto."""
     return [f"{RUN}/probe/tuning.json"] if probe_needed(config) else []
+
+
+def get_probe_batches():
+    """The batch sizes the probe measures: only those a stage can take from it."""
+    return probe_batches(config)
 
 
 def get_stage_weights(wildcards):

@@ -14,6 +14,7 @@ rule probe:
         gpu=1,
     params:
         probe=config["probe"],
+        batches=get_probe_batches(),
         stage_defaults=config["stage_defaults"],
         cfg=config["model"]["cfg"],
         device=config["device"],

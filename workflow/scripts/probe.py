@@ -6,6 +6,7 @@ probe_for_rule(
     weights=list(snakemake.input.weights),
     tuning_out=snakemake.output.tuning,
     settings=snakemake.params.probe,
+    batches=snakemake.params.batches,
     stage_defaults=snakemake.params.stage_defaults,
     cfg=snakemake.params.cfg,
     device=snakemake.params.device,
