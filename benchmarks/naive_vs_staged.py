@@ -22,7 +22,10 @@ start to the row that first reaches the target. Variants:
 A run stops at the target or at the cap (max epochs, or max seconds: default 4 x the staged time, i.e. the time
 that proves the 0.25 goal, within [300, 1200] s); a run that never reaches it gives an upper bound on the ratio.
 
-Run:  python benchmarks/naive_vs_staged.py [--target 0.5] [--also 0.6,0.7] [--epochs 60] [--cap-s auto]
+The headline target is 0.9: the quality the demo recipe is built to reach (it ends at 0.99), fixed before these
+figures; --also adds lower and higher ones to the same run (the naive runs go on to the highest).
+
+Run:  python benchmarks/naive_vs_staged.py [--target 0.9] [--also 0.5,0.6,0.7,0.8,0.95] [--epochs 60] [--cap-s auto]
       [--variants default,budget,samehyp]
 """
 
@@ -178,11 +181,12 @@ def _ratio(ts, n, t):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", type=float, default=0.5)
+    ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--epochs", type=int, default=60, help="naive epoch cap (also its LR schedule length)")
     ap.add_argument("--cap-s", default="auto", help="naive time cap in s; auto = 4 x staged time, in [300, 1200]")
     ap.add_argument("--variants", default=",".join(NAIVE_VARIANTS))
-    ap.add_argument("--also", default="", help="extra mAP50 targets, comma-separated (naive runs on to the highest)")
+    ap.add_argument("--also", default="0.5,0.6,0.7,0.8,0.95",
+                    help="extra mAP50 targets, comma-separated (naive runs on to the highest)")  # fmt: skip
     ap.add_argument("--name", default="naive_vs_staged", help="results file name")
     ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
     ap.add_argument("--staged-from", type=Path, help="reuse a finished staged run (its snakemake.log, poll_events.json)")
