@@ -102,5 +102,7 @@ def test_a_warm_stage_trains_exactly_as_a_cold_one(tmp_path):
         losses[mode] = results[[c for c in results.columns if "loss" in c]].to_numpy()
         timing = json.loads((tmp_path / mode / "timing.json").read_text())
         assert timing["setup_detail"]["warm_start"] is (mode == "warm")
+        # Both paid the imports once: cold in the worker, warm waiting for this engine home's new server.
+        assert timing["setup_detail"]["imports_s"] > 1.0
     assert "warm start: pid" in (tmp_path / "warm.log").read_text()
     assert losses["warm"].tolist() == losses["cold"].tolist()  # same seed, same numbers: the fork changed nothing

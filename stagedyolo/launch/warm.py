@@ -32,13 +32,16 @@ from pathlib import Path
 import psutil
 
 SERVER_MODULE = "stagedyolo.engine.warm_server"
+# Set in a warm child's environment: when its caller asked for it. The worker counts its set-up from there, so a
+# first stage that waited for a new server's imports reports them as imports, as a cold start would.
+REQUESTED_AT_ENV = "STAGEDYOLO_WARM_REQUESTED_UNIX"
 # Not part of a server's identity: set per job (by Snakemake, the stage or the probe) and read by libraries only
 # when they start threads or CUDA, which the child does after the fork; or set by importing cv2, which the server
 # does too. Every other variable is part of the identity.
 NOT_IDENTITY_ENV = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "_",
-    "LD_LIBRARY_PATH", "QT_QPA_FONTDIR", "QT_QPA_PLATFORM_PLUGIN_PATH",
+    "LD_LIBRARY_PATH", "QT_QPA_FONTDIR", "QT_QPA_PLATFORM_PLUGIN_PATH", REQUESTED_AT_ENV,
 })  # fmt: skip
 MAX_MESSAGE = 1 << 20
 # The first request waits while a new server imports torch and yolov5 (about as long as a cold start would).
@@ -160,6 +163,7 @@ def start_warm(argv: Sequence[str], env: Mapping[str, str], warm: WarmStart, *, 
     if command is None or subprocess.PIPE in (stdout, stderr):
         return None
     name = server_name(env)
+    requested_at = time.time()
     conn = _connect(name)
     started_server = conn is None
     if conn is None:
@@ -169,7 +173,8 @@ def start_warm(argv: Sequence[str], env: Mapping[str, str], warm: WarmStart, *, 
         return None
     fds = _child_fds(stdout, stderr)
     try:
-        request = {"module": command[0], "args": command[1], "env": dict(env), "cwd": str(cwd or os.getcwd())}
+        request = {"module": command[0], "args": command[1], "env": {**env, REQUESTED_AT_ENV: f"{requested_at:.6f}"},
+                   "cwd": str(cwd or os.getcwd())}  # fmt: skip
         socket.send_fds(conn, [json.dumps(request).encode()], fds)
         ready, _, _ = select.select([conn], [], [], START_TIMEOUT_S)
         reply = json.loads(conn.recv(MAX_MESSAGE) or b"{}") if ready else {}
