@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -128,7 +129,7 @@ class WarmChild:
 
     def kill(self) -> None:
         if self.returncode is None and self._still_running():
-            os.kill(self.pid, 9)
+            os.kill(self.pid, signal.SIGKILL)
 
     def _read_status(self, timeout: float | None) -> None:
         ready, _, _ = select.select([self._conn], [], [], timeout)
