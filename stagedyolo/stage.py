@@ -105,7 +105,7 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     engine_home = Path(run_dir) / "engine"
     return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
                      telemetry_interval=config["telemetry"]["interval_s"],
-                     warm=warm_start_for(config, engine_home))  # fmt: skip
+                     warm=warm_start_for(config.get("engine"), engine_home))  # fmt: skip
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,

@@ -57,9 +57,9 @@ class WarmStart:
     idle_s: float = 30.0
 
 
-def warm_start_for(config: dict, engine_home: Path) -> WarmStart | None:
-    """The config's engine.warm_start / engine.warm_idle_s as a WarmStart for `engine_home`; None when it is off."""
-    engine = config.get("engine") or {}
+def warm_start_for(engine: dict | None, engine_home: Path) -> WarmStart | None:
+    """The config's `engine` section (warm_start, warm_idle_s) as a WarmStart for `engine_home`; None when it is off."""
+    engine = engine or {}
     if not engine.get("warm_start", True):
         return None
     return WarmStart(Path(engine_home), idle_s=engine.get("warm_idle_s", 30.0))

@@ -47,7 +47,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     load_before = os.getloadavg()
     engine_home = run_dir / "engine"
     measured = run_child(request, work, engine_home=engine_home, log_path=log_path,
-                         warm=warm_start_for({"engine": engine or {}}, engine_home))  # fmt: skip
+                         warm=warm_start_for(engine, engine_home))  # fmt: skip
     tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
