@@ -17,7 +17,7 @@ from stagedyolo.launch import WarmStart, run_supervised
 from stagedyolo.launch.warm import plain_module_command, server_name, start_warm
 from stagedyolo.stage import build_plan, run_stage
 
-CHILD = '''
+CHILD = """
 import os, sys, time
 print("args", sys.argv[1:], "var", os.environ.get("WARM_TEST_VAR"), "cwd", os.getcwd())
 print("own session", os.getsid(0) == os.getpid(), "torch already imported", "torch" in sys.modules)
@@ -25,7 +25,7 @@ print("on stderr", file=sys.stderr)
 if sys.argv[1] == "sleep":
     time.sleep(60)
 sys.exit(int(sys.argv[2]))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
