@@ -26,9 +26,10 @@ import warnings
 from stagedyolo.launch.parent_watch import exit_when_process_dies
 from stagedyolo.launch.warm import MAX_MESSAGE, peer_credentials
 
-# Imported once here; the leaves are dropped again so that every child runs them from source.
-PRELOAD = ("torch", "yolov5.train", "stagedyolo.engine.worker", "stagedyolo.probe.child")
+# What a request runs (and yolov5's train.py, which the worker compiles itself): imported once here for everything
+# they import, then dropped again so that every child runs them from source.
 RUN_FRESH = ("yolov5.train", "stagedyolo.engine.worker", "stagedyolo.probe.child")
+PRELOAD = ("torch", *RUN_FRESH)
 _POLL_S = 0.2
 
 

@@ -55,19 +55,17 @@ def exit_when_process_dies(pid: int, poll_s: float = 1.0, grace_s: float = 5.0) 
     """Like exit_when_parent_dies, for a process that is not our parent (a warm child watches its caller)."""
     import psutil
 
+    from .process_tree import is_running
+
     try:
         watched = psutil.Process(pid)  # remembers the start time, so a reused PID does not look alive
     except psutil.NoSuchProcess:
         watched = None
-
-    def alive() -> bool:
-        try:
-            return watched is not None and watched.is_running() and watched.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
     watcher = threading.Thread(
-        target=_watch, args=(f"caller process {pid}", alive, poll_s, grace_s), name="exit-when-caller-dies", daemon=True
+        target=_watch,
+        args=(f"caller process {pid}", lambda: is_running(watched), poll_s, grace_s),
+        name="exit-when-caller-dies",
+        daemon=True,
     )
     watcher.start()
     return watcher

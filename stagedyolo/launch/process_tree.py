@@ -12,6 +12,14 @@ import psutil
 _AFTER_KILL_WAIT_S = 5.0
 
 
+def is_running(process: psutil.Process | None) -> bool:
+    """Whether a remembered process still runs: same PID and start time, and not a zombie (it holds nothing)."""
+    try:
+        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class ProcessTree:
     """The root process, its descendants and their process groups, as seen since the root started.
 
@@ -52,14 +60,8 @@ class ProcessTree:
 
     def alive(self) -> list[psutil.Process]:
         """Remembered processes that still run (zombies count as gone: they hold no resources)."""
-        running = []
-        for process in list(self._known.values()):  # a signal handler may add entries meanwhile
-            try:
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    running.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        return running
+        known = list(self._known.values())  # a signal handler may add entries meanwhile
+        return [process for process in known if is_running(process)]
 
     def signal_all(self, sig: int) -> None:
         for process in self.alive():

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import psutil
 
+from .process_tree import is_running
+
 SERVER_MODULE = "stagedyolo.engine.warm_server"
 # Set in a warm child's environment: when its caller asked for it. The worker counts its set-up from there, so a
 # first stage that waited for a new server's imports reports them as imports, as a cold start would.
@@ -62,7 +64,7 @@ def warm_start_for(engine: dict | None, engine_home: Path) -> WarmStart | None:
     engine = engine or {}
     if not engine.get("warm_start", True):
         return None
-    return WarmStart(Path(engine_home), idle_s=engine.get("warm_idle_s", 30.0))
+    return WarmStart(Path(engine_home), idle_s=engine.get("warm_idle_s", WarmStart.idle_s))
 
 
 def server_name(env: Mapping[str, str]) -> str:
@@ -121,14 +123,14 @@ class WarmChild:
                 raise subprocess.TimeoutExpired(["warm child", str(self.pid)], timeout)
             if self._conn is not None:
                 self._read_status(left)
-            elif self._still_running():  # the server went away before the child: poll the child itself
+            elif is_running(self._process):  # the server went away before the child: poll the child itself
                 time.sleep(0.1 if left is None else min(0.1, left))
             else:
                 self.returncode = 1  # its exit status went with the server
         return self.returncode
 
     def kill(self) -> None:
-        if self.returncode is None and self._still_running():
+        if self.returncode is None and is_running(self._process):
             os.kill(self.pid, signal.SIGKILL)
 
     def _read_status(self, timeout: float | None) -> None:
@@ -144,13 +146,6 @@ class WarmChild:
         if not message or self.returncode is not None:
             self._conn.close()
             self._conn = None
-
-    def _still_running(self) -> bool:
-        try:
-            return self._process is not None and self._process.is_running() and (
-                self._process.status() != psutil.STATUS_ZOMBIE)  # fmt: skip
-        except psutil.NoSuchProcess:
-            return False
 
 
 def start_warm(argv: Sequence[str], env: Mapping[str, str], warm: WarmStart, *, cwd=None, stdout=None,
