@@ -44,9 +44,6 @@ def config_text(source: Path, a) -> str:
     cfg["model"]["weights"] = str((source / "results/demo/demo/pretrained.pt").resolve())
     cfg["probe"]["enabled"] = False
     cfg["cache"]["mode"] = "none"
-    # Each round is a user's one-stage rerun: the default warm start, but from a fresh server every time (the
-    # previous round's server would otherwise still be up and spare this round the import bare yolov5 pays).
-    cfg["engine"] = {"warm_start": True, "warm_idle_s": 1}
     # nominal_batch and min_warmup_iters at yolov5's own constants: bare yolov5 cannot change them, and a smaller
     # nominal batch means more optimizer steps, i.e. more work per epoch.
     cfg["stages"] = {STAGE: {"epochs": a.epochs, "img": a.img, "batch": a.batch, "workers": 1, "start_from": "model",

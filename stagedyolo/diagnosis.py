@@ -17,7 +17,7 @@ from stagedyolo.telemetry.summary import finite as _num
 # name: (value, unit, source). ONE table: diagnose() reads nothing else.
 THRESHOLDS: dict[str, tuple[float, str, str]] = {
     "data_wait_share": (0.05, "fraction of step time",
-                        "PyTorch profiler rule of thumb: data loading > 5 % of step time = input-bound (ENGINE_NOTES §4)"),
+                        "PyTorch profiler rule of thumb: data loading > 5 % of step time = input-bound"),
     "gpu_util_low_pct": (50.0, "% (NVML p50, training window)",
                          "PyTorch profiler rule of thumb: GPU utilisation < 50 % = use a bigger batch (§4)"),
     "gpu_util_busy_pct": (85.0, "% (NVML p50)",

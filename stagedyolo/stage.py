@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
+from stagedyolo.engine.checkpoint import FINISHED_EPOCH, checkpoint_epoch
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import (
     MIN_RETRY_BATCH,
@@ -27,7 +28,7 @@ from stagedyolo.engine.plan import (
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
-from stagedyolo.launch import WarmStart, build_stage_command, run_supervised, scaled_lr0, warm_start_for
+from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
@@ -102,18 +103,13 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
     )
-    engine_home = Path(run_dir) / "engine"
-    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
-                     telemetry_interval=config["telemetry"]["interval_s"],
-                     warm=warm_start_for(config.get("engine"), engine_home))  # fmt: skip
+    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=Path(run_dir) / "engine",
+                     telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0, warm: WarmStart | None = None) -> dict:  # fmt: skip
-    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
-
-    ``warm``: fork the worker from the warm server (a single-process stage only; torchrun ranks start cold).
-    """
+              telemetry_interval: float = 1.0) -> dict:  # fmt: skip
+    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed."""
     work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
@@ -122,18 +118,22 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
             f"stage {plan['stage']}: not retrying, attempt {attempt - 1} failed with "
             f"{attempts[-1]['status']} ({attempts[-1].get('message', '')}); only out-of-memory failures are retried."
         )
-    plan["resume_from"] = _prepare_work_dir(work_dir, plan)
-
     env = engine_environment(engine_home)
     env["OMP_NUM_THREADS"] = str(plan["torch_threads"])
     started = time.time()
     with open(log_path, "a") as log:
+        plan["resume_from"], finished = _prepare_work_dir(work_dir, plan, env, log)
         log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
                   f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
         log.flush()
-        returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval, warm)
+        if finished:
+            returncode, sampler_info = 0, {}
+        else:
+            returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval)
     wall = time.time() - started
     outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
+    if finished:
+        outcome = _finished_outcome(outcome)
     outcome["sampler"] = sampler_info
     if returncode == EXIT_OOM:
         outcome["status"] = "oom"
@@ -185,7 +185,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-            "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
+            "nominal_batch": plan["nominal_batch"],
             **outcome.get("sampler", {}),
         },
     )  # fmt: skip
@@ -196,8 +196,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     return verdict_line(plan["stage"], findings)
 
 
-def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float,
-            warm: WarmStart | None) -> tuple[int, dict]:  # fmt: skip
+def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     write_json(plan_path, plan)
@@ -211,33 +210,51 @@ def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: floa
 
     try:
         # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
-        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler,
-                                    warm=warm)  # fmt: skip
+        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
     finally:
         for sampler in samplers:
             sampler.stop()
     return returncode, samplers[0].info() if samplers else {}
 
 
-def _prepare_work_dir(work_dir: Path, plan: dict) -> str | None:
-    """Return the checkpoint to resume from, or start from a clean folder.
+def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str | None, bool]:
+    """Return (the checkpoint to resume from, whether training already finished), or start from a clean folder.
 
-    A checkpoint is resumed only when the interrupted run had the same plan, batch included (the digest leaves
-    out only what may change between tries, like the thread count). Anything else is wiped: yolov5's
-    --exist-ok into an old folder would append to its results.csv and add a second TensorBoard file. The
-    attempt history survives a wipe, so out-of-memory retries keep halving the batch.
+    A checkpoint is reused only when the interrupted run had the same plan, batch included (the digest leaves
+    out only what may change between tries, like the thread count), and only after loading it: yolov5 strips
+    last.pt (epoch -1) before its final validation, so a run killed from then on has finished training and is
+    published as it is (resuming it would fail on every rerun); a checkpoint that does not load is wiped with the
+    rest. Anything else is wiped too: yolov5's --exist-ok into an old folder would append to its results.csv and
+    add a second TensorBoard file. The attempt history survives a wipe, so out-of-memory retries keep halving the
+    batch. The log says which of the three it was.
     """
     last = work_dir / "weights" / "last.pt"
     interrupted = read_json(work_dir / "plan.json")
     if interrupted and last.exists() and _digest(interrupted) == _digest(plan) and interrupted["batch"] == plan["batch"]:
-        (work_dir / "outcome.json").unlink(missing_ok=True)
-        return str(last)
+        epoch, error = checkpoint_epoch(last, env, log)
+        if epoch == FINISHED_EPOCH:
+            log.write(f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "
+                      "publishing it without training again\n")  # fmt: skip
+            return None, True
+        if epoch is not None:
+            (work_dir / "outcome.json").unlink(missing_ok=True)
+            return str(last), False
+        log.write(f"stagedyolo: {last} does not load ({error}): starting the stage again\n")
     history = read_json(work_dir / "attempts.json")
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     if history and history.get("digest") == _digest(plan):
         write_json(work_dir / "attempts.json", history)
-    return None
+    return None, False
+
+
+def _finished_outcome(outcome: dict) -> dict:
+    """The outcome of a run that finished training but was stopped before it was published: the worker's own
+    record when it got to write one (a kill while publishing), else what is known without it."""
+    if outcome.get("status") == "ok":
+        return {**outcome, "message": "published from a finished checkpoint"}
+    return {"status": "ok", "amp": None, "amp_reason": "not recorded: the run was stopped before it reported",
+            "device": None, "message": "published from a finished checkpoint; its timing was not recorded"}  # fmt: skip
 
 
 def _load_attempts(work_dir: Path, plan: dict) -> list[dict]:

@@ -19,6 +19,9 @@ SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").r
         ("model:\n  weights: yolov5s.pt\n", "model.weights: 'yolov5s.pt' does not exist"),
         ("stage_defaults:\n  gpus: 4\n  batch: 30\n", "stages.smoke.batch: 30 is the total batch over 4 GPUs"),
         ("stages:\n  smoke:\n    hyp: {lr_zero: 1}\n", "stages.smoke.hyp: unknown hyp key(s) ['lr_zero']"),
+        ("run: ..\n", "run: '..' must be a plain folder name"),  # would write (and clean up) above results_dir
+        ("results_dir: ../elsewhere\n", "results_dir: '../elsewhere' contains '..'"),
+        ("engine:\n  warm_start: true\n", "engine.warm_start: the warm-start server was removed"),
     ],
 )
 def test_a_bad_config_fails_before_any_job_with_a_clear_message(tmp_path, override, expected):
@@ -36,3 +39,9 @@ def test_command_line_values_get_the_schema_types():
     coerced = coerce_cli_strings(config, SCHEMA)
     assert coerced["stages"]["finetune"] == {"epochs": 3, "amp": True, "batch": "auto"}
     assert coerced["run"] == "001" and coerced["device"] == "0"  # strings where the schema allows strings
+
+
+def test_a_run_name_from_the_command_line_cannot_escape_results_dir(tmp_path):
+    workdir = make_workdir(tmp_path)
+    result = snakemake(workdir, "-n", "--config", "run=..", check=False)
+    assert result.returncode != 0 and "run: '..' must be a plain folder name" in result.stdout + result.stderr

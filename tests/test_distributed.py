@@ -261,6 +261,62 @@ def test_a_second_stop_signal_kills_at_once(tmp_path):
     assert time.monotonic() - began < 10  # not the 20 s grace
 
 
+def test_a_child_that_runs_past_its_timeout_is_stopped_like_a_sigterm(tmp_path):
+    began = time.monotonic()
+    result = supervise([sys.executable, "-c", "import time; time.sleep(60)"], None, grace_s=5, timeout_s=0.5)
+    assert result.timed_out and result.returncode == -signal.SIGTERM and result.killed_pids == []
+    assert time.monotonic() - began < 5
+
+
+def test_a_process_started_after_its_group_was_last_seen_ours_is_left_alone(tmp_path):
+    """Group ids are reused once a group is empty: sweep must not adopt a stranger that holds our old group id.
+
+    Stand-in for a reused id: the root starts a process in its group and exits before the tree looked again, so
+    that process was started after the last moment the tree saw a member of the group alive."""
+    from stagedyolo.launch.process_tree import ProcessTree
+
+    pid_file = tmp_path / "late"
+    code = (
+        "import subprocess, sys, time; time.sleep(1.5); "
+        "late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(late.pid))"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    tree = ProcessTree(root.pid)  # sees the root only
+    late = None
+    try:
+        root.wait(timeout=30)
+        late = int(pid_file.read_text())
+        assert os.getpgid(late) == root.pid  # really in the group the tree recorded
+        tree.sweep()
+        assert late not in [p.pid for p in tree.alive()]
+    finally:
+        _kill_leftovers([late] if late else [])
+
+
+def test_an_orphan_started_while_its_group_was_ours_is_still_ended(tmp_path):
+    from stagedyolo.launch.process_tree import ProcessTree
+
+    pid_file = tmp_path / "orphan"
+    code = (
+        "import subprocess, sys, time; "
+        "orphan = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(orphan.pid)); time.sleep(60)"
+    )
+    root = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    orphan = None
+    try:
+        _wait_for(lambda: pid_file.exists() and pid_file.read_text(), within_s=20)
+        orphan = int(pid_file.read_text())
+        tree = ProcessTree(root.pid)
+        tree._known.pop(orphan)  # as if it had left the tree before the tree saw it: sweep must find it by group
+        root.kill()
+        root.wait()
+        assert tree.kill_all() == [orphan]
+    finally:
+        _kill_leftovers([orphan] if orphan else [])
+
+
 def test_exit_when_parent_dies_ends_the_orphan_and_its_group(tmp_path):
     pid_file = tmp_path / "pids"
     orphan_code = (

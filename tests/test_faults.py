@@ -2,11 +2,15 @@
 and atomic checkpoints."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+
+import psutil
 
 import pytest
 import torch
@@ -64,6 +68,59 @@ def test_other_failures_are_not_retried(tmp_path, tiny_data):
     with pytest.raises(StageFailed, match="not retrying"):
         run(tmp_path, missing, attempt=2)
     assert time.time() - started < 5  # refused at once, no engine start
+
+
+@pytest.fixture
+def killed_in_final_validation(tmp_path, tiny_data, monkeypatch):
+    """A real stage SIGKILLed while yolov5 validates best.pt, i.e. after it stripped last.pt (epoch -1)."""
+    monkeypatch.setenv(FaultInjection.ENV, "stall@final_val")
+    log, failures = tmp_path / "s.log", []
+    stage = threading.Thread(target=lambda: failures.append(_raised(run, tmp_path, tiny_data, attempt=1)))
+    stage.start()
+    deadline = time.time() + 600
+    while "stalling in the final validation" not in (log.read_text() if log.exists() else ""):
+        assert stage.is_alive() and time.time() < deadline, "the stage never reached its final validation"
+        time.sleep(0.2)
+    worker = next(p for p in psutil.Process().children() if "stagedyolo.engine.worker" in " ".join(p.cmdline()))
+    os.killpg(worker.pid, signal.SIGKILL)
+    stage.join(60)
+    assert isinstance(failures[0], StageFailed)
+    monkeypatch.delenv(FaultInjection.ENV)
+    last = tmp_path / "work" / "s" / "weights" / "last.pt"
+    assert torch.load(last, weights_only=False)["epoch"] == -1  # what made every resume fail before
+    return tmp_path
+
+
+def _raised(function, *args, **kwargs):
+    try:
+        function(*args, **kwargs)
+    except BaseException as error:
+        return error
+    return None
+
+
+def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again(killed_in_final_validation,
+                                                                                 tiny_data):  # fmt: skip
+    tmp_path = killed_in_final_validation
+    run(tmp_path, tiny_data, attempt=1)  # a rerun after the kill, as `snakemake` would start it
+    log = (tmp_path / "s.log").read_text()
+    assert "is a finished run" in log and log.count("Starting training") == 1
+    published = tmp_path / "stages" / "s"
+    assert [line.split(",")[0].strip() for line in (published / "results.csv").read_text().splitlines()[1:]] == ["0", "1"]
+    assert torch.load(published / "weights" / "last.pt", weights_only=False)["epoch"] == -1
+    attempts = json.loads((published / "stage.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["error", "ok"] and "finished checkpoint" in attempts[-1]["message"]
+
+
+def test_a_checkpoint_that_does_not_load_is_wiped_and_the_stage_trains_again(killed_in_final_validation,
+                                                                            tiny_data):  # fmt: skip
+    tmp_path = killed_in_final_validation
+    last = tmp_path / "work" / "s" / "weights" / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # torn, as a full disk or a bad copy leaves it
+    run(tmp_path, tiny_data, attempt=1)
+    log = (tmp_path / "s.log").read_text()
+    assert "does not load" in log and log.count("Starting training") == 2
+    assert (tmp_path / "stages" / "s" / "timing.json").is_file()
 
 
 def test_a_kill_during_checkpoint_writing_leaves_the_previous_checkpoint(tmp_path):

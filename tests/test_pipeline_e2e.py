@@ -46,17 +46,6 @@ def test_every_stage_publishes_weights_results_and_a_valid_timing_report(tiny_ru
         assert not (run / "work" / stage).exists(), "a finished stage leaves no work folder behind"
 
 
-def test_one_warm_server_starts_the_probe_and_every_stage(tiny_run):
-    _, run, _ = tiny_run
-    logs = [run / "logs" / "probe.log", *(run / "logs" / "stages" / f"{stage}.log" for stage in STAGES)]
-    starts = [line for log in logs for line in log.read_text().splitlines() if "warm start:" in line]
-    assert len(starts) == 5 and "from a new warm server" in starts[0], starts
-    assert all("from the running warm server" in line for line in starts[1:]), starts  # nothing killed it
-    for stage in STAGES:
-        timing = json.loads((run / "stages" / stage / "timing.json").read_text())
-        assert timing["setup_detail"]["warm_start"] is True
-
-
 def test_the_chain_passes_weights_on(tiny_run):
     _, run, _ = tiny_run
     plan = {s: json.loads((run / "stages" / s / "stage.json").read_text()) for s in STAGES}

@@ -63,3 +63,35 @@ def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
     attempts = json.loads((run / "stages" / "finetune" / "stage.json").read_text())["attempts"]
     assert attempts[-1]["resumed_from"] and attempts[-1]["status"] == "ok"
     assert (run / "report" / "summary.md").is_file()
+
+
+def test_a_kill_during_the_final_validation_still_finishes_the_run(tmp_path):
+    """yolov5 strips last.pt (epoch -1) before it validates best.pt: a kill from then on used to make every rerun
+    fail with "training ... is finished, nothing to resume"."""
+    workdir = make_workdir(tmp_path, REPO / "tests" / "configs" / "tiny.yaml")
+    (workdir / "stall.yaml").write_text("probe:\n  enabled: false\n")
+    configs = [workdir / "tiny.yaml", workdir / "stall.yaml"]
+    run = workdir / "results" / "tiny"
+    target = "results/tiny/stages/smoke/timing.json"
+    # What smoke needs first, without the fault: demo_pretrain trains through yolov5 too.
+    snakemake(workdir, "results/tiny/demo/pretrained.pt", "results/tiny/data/cache.json", configfiles=configs)
+    argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", "--configfile",
+            *map(str, configs), "--", target]  # fmt: skip
+    env = {**os.environ, "STAGEDYOLO_TEST_FAULT": "stall@final_val"}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = run / "logs" / "stages" / "smoke.log"
+    try:
+        deadline = time.time() + 600
+        while "stalling in the final validation" not in (log.read_text() if log.exists() else ""):
+            assert process.poll() is None and time.time() < deadline, "smoke never reached its final validation"
+            time.sleep(0.2)
+    finally:
+        kill_tree(process.pid)
+
+    snakemake(workdir, "--unlock", configfiles=configs)
+    snakemake(workdir, target, configfiles=configs)
+
+    text = log.read_text()
+    assert "is a finished run" in text and "Resuming training from" not in text
+    attempts = json.loads((run / "stages" / "smoke" / "stage.json").read_text())["attempts"]
+    assert attempts[-1]["status"] == "ok" and "finished checkpoint" in attempts[-1]["message"]

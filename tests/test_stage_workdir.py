@@ -2,6 +2,9 @@
 and halve the batch once per out-of-memory failure."""
 
 import json
+import os
+
+import torch
 
 from stagedyolo.stage import _prepare_work_dir, retry_batch
 
@@ -10,16 +13,21 @@ PLAN = {"stage": "finetune", "epochs": 6, "batch": 16, "hyp": {"lr0": 0.0005}, "
 
 def leave_interrupted_run(work, plan):
     (work / "weights").mkdir(parents=True)
-    (work / "weights" / "last.pt").write_bytes(b"checkpoint")
+    torch.save({"epoch": 2}, work / "weights" / "last.pt")  # a mid-run checkpoint (the engine's: test_faults.py)
     (work / "plan.json").write_text(json.dumps(plan))
     (work / "results.csv").write_text("epoch\n0\n")
+
+
+def prepare(work, plan):
+    with open(work.parent / "stage.log", "a") as log:
+        return _prepare_work_dir(work, plan, dict(os.environ), log)
 
 
 def test_an_interrupted_run_of_the_same_plan_is_resumed(tmp_path):
     work = tmp_path / "work"
     leave_interrupted_run(work, PLAN)
     # A new try may differ in what does not change the training (attempt number, thread count).
-    assert _prepare_work_dir(work, {**PLAN, "attempt": 2, "torch_threads": 2}) == str(work / "weights" / "last.pt")
+    assert prepare(work, {**PLAN, "attempt": 2, "torch_threads": 2}) == (str(work / "weights" / "last.pt"), False)
     assert (work / "results.csv").exists()
 
 
@@ -27,7 +35,7 @@ def test_a_stale_run_folder_from_another_plan_is_wiped(tmp_path):
     work = tmp_path / "work"
     leave_interrupted_run(work, {**PLAN, "epochs": 3})
     (work / "events.out.tfevents.1").write_text("old")
-    assert _prepare_work_dir(work, PLAN) is None
+    assert prepare(work, PLAN) == (None, False)
     assert work.is_dir() and not any(work.iterdir())  # no old results.csv for yolov5 to append to
 
 
@@ -38,7 +46,7 @@ def test_a_changed_batch_starts_over_but_keeps_the_attempt_history(tmp_path):
     leave_interrupted_run(work, PLAN)
     history = {"digest": _digest(PLAN), "attempts": [{"attempt": 1, "batch": 16, "status": "oom"}]}
     (work / "attempts.json").write_text(json.dumps(history))
-    assert _prepare_work_dir(work, {**PLAN, "batch": 8}) is None
+    assert prepare(work, {**PLAN, "batch": 8}) == (None, False)
     assert json.loads((work / "attempts.json").read_text()) == history
 
 

@@ -5,5 +5,6 @@
 - `plan`: a stage spec from config, resolved into everything one yolov5 run needs.
 - `hooks`: callbacks plugged into yolov5 (validation period, NaN guard, test-only fault injection).
 - `train_module`: yolov5's train.py with its nominal batch and warmup floor settable per stage.
+- `checkpoint`: the epoch a checkpoint holds (-1 once yolov5 finished and stripped it).
 - `worker`: the entry point of the stage process (`python -m stagedyolo.engine.worker plan.json`).
 """

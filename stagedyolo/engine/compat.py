@@ -42,6 +42,7 @@ def _atomic_torch_save() -> None:
     Saving to a temporary file in the same folder, then os.replace, means a reader (or a resume) sees either the
     previous complete file or the new complete one, never a torn one. No fsync: it cost ~0.5 s per save here
     (two saves an epoch), and a process kill, the case resume handles, cannot lose data the kernel already has.
+    A power loss can: the docs promise recovery from kills, not from power loss.
     """
     import torch
 

@@ -101,6 +101,8 @@ class FaultInjection:
     - `nan@N`: poison the model's weights after iteration N, so the real loss turns NaN.
     - `oom@attempt1`: raise CUDA's out-of-memory error at the first batch of attempt 1.
     - `sleep@S`: sleep S seconds after every batch (keeps a stage running long enough to be killed).
+    - `stall@final_val`: once the final epoch is saved, hang in the final validation (so a test can kill the stage
+      after yolov5 has stripped last.pt).
     """
 
     ENV = "STAGEDYOLO_TEST_FAULT"
@@ -108,6 +110,7 @@ class FaultInjection:
     def __init__(self, spec: str, attempt: int):
         self.kind, _, self.arg = spec.partition("@")
         self.attempt = attempt
+        self.final_epoch_saved = False
 
     @classmethod
     def from_env(cls, attempt: int):
@@ -119,6 +122,16 @@ class FaultInjection:
             import torch
 
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. (injected by STAGEDYOLO_TEST_FAULT)")
+
+    def on_model_save(self, last, epoch, final_epoch, best_fitness, fi):
+        self.final_epoch_saved = self.final_epoch_saved or bool(final_epoch)
+
+    def on_val_start(self):
+        if self.kind == "stall" and self.arg == "final_val" and self.final_epoch_saved:
+            import time
+
+            print("stagedyolo test fault: stalling in the final validation", flush=True)
+            time.sleep(3600)
 
     def on_train_batch_end(self, model, ni, imgs, targets, paths, mloss):
         if self.kind == "nan" and ni == int(self.arg):

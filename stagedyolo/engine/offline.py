@@ -1,5 +1,5 @@
 """Keep the engine offline and quiet. Every variable here answers one documented place where yolov5 or
-ultralytics reaches out at run time (see ENGINE_NOTES.md, "It reaches out at run time")."""
+ultralytics reaches out at run time (docs/offline.md lists them)."""
 
 from __future__ import annotations
 

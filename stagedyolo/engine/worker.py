@@ -25,7 +25,6 @@ from stagedyolo.engine.hooks import (
 from stagedyolo.engine.train_module import load_train
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
-from stagedyolo.launch.warm import REQUESTED_AT_ENV
 from stagedyolo.telemetry import StageTimer
 
 # yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
@@ -36,9 +35,7 @@ EXIT_NONFINITE = 76
 
 
 def main(plan_path: str) -> int:
-    warm_start = "torch" in sys.modules  # forked from the warm server, imports done (stagedyolo.launch.warm)
-    # A warm child's set-up starts when the supervisor asked for it (maybe waiting for a new server's imports).
-    process_start = float(os.environ.get(REQUESTED_AT_ENV) or time.time()) if warm_start else time.time()
+    process_start = time.time()
     exit_when_parent_dies()  # a SIGKILLed supervisor must not leave this stage training on its own
     plan = json.loads(Path(plan_path).read_text())
     work_dir = Path(plan["work_dir"])
@@ -72,8 +69,7 @@ def main(plan_path: str) -> int:
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
 
-    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
-               "warm_start": warm_start}  # fmt: skip
+    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0"}
     try:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:

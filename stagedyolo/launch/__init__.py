@@ -13,14 +13,13 @@ from .command import (
 )
 from .ddp_timeout import bound_init_process_group_timeout
 from .lr import LR_SCALING_MODES, scaled_lr0, yolov5_accumulate
-from .parent_watch import exit_when_parent_dies, exit_when_process_dies, parent_death_preexec
+from .parent_watch import exit_when_parent_dies, parent_death_preexec
 from .ports import free_port
-from .supervisor import SupervisedResult, run_supervised, supervise
-from .warm import WarmStart, warm_start_for
+from .supervisor import SupervisedResult, run_supervised, start_session, supervise
 
 __all__ = [
     "DDP_TIMEOUT_ENV", "DEFAULT_DDP_TIMEOUT_S", "LR_SCALING_MODES", "LaunchError", "SupervisedResult",
     "bound_init_process_group_timeout", "build_stage_command", "check_total_batch", "exit_when_parent_dies",
-    "free_port", "parent_death_preexec", "run_supervised", "scaled_lr0", "stage_gpu_env", "supervise",
-    "threads_per_rank", "visible_gpus", "WarmStart", "warm_start_for", "yolov5_accumulate", "yolov5_device",
+    "free_port", "parent_death_preexec", "run_supervised", "scaled_lr0", "stage_gpu_env", "start_session",
+    "supervise", "threads_per_rank", "visible_gpus", "yolov5_accumulate", "yolov5_device",
 ]

@@ -51,26 +51,6 @@ def exit_when_parent_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threadin
     return watcher
 
 
-def exit_when_process_dies(pid: int, poll_s: float = 1.0, grace_s: float = 5.0) -> threading.Thread:
-    """Like exit_when_parent_dies, for a process that is not our parent (a warm child watches its caller)."""
-    import psutil
-
-    from .process_tree import is_running
-
-    try:
-        watched = psutil.Process(pid)  # remembers the start time, so a reused PID does not look alive
-    except psutil.NoSuchProcess:
-        watched = None
-    watcher = threading.Thread(
-        target=_watch,
-        args=(f"caller process {pid}", lambda: is_running(watched), poll_s, grace_s),
-        name="exit-when-caller-dies",
-        daemon=True,
-    )
-    watcher.start()
-    return watcher
-
-
 def _watch_parent(parent_pid: int, poll_s: float, grace_s: float) -> None:
     # A parent pid of 1 means we were orphaned before the watch started.
     _watch(f"parent process {parent_pid}", lambda: parent_pid != 1 and os.getppid() == parent_pid, poll_s, grace_s)

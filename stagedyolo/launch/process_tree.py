@@ -25,13 +25,15 @@ class ProcessTree:
 
     A rank's dataloader workers are re-parented to init when the rank dies, so they stop being descendants of
     the root; they stay in the rank's process group, which is how ``sweep`` finds them again. psutil.Process
-    remembers each process's start time, so a PID reused by an unrelated process is never signalled.
+    remembers each process's start time, so a PID reused by an unrelated process is never signalled. A group id
+    can be reused too, once every member of the group is gone: ``sweep`` adopts a process of a known group only if
+    it was started while the group was provably ours (see _confirm_groups).
     """
 
     def __init__(self, root_pid: int) -> None:
         self.root_pid = root_pid
         self._known: dict[int, psutil.Process] = {}
-        self._groups: set[int] = set()
+        self._groups: dict[int, float] = {}  # group id -> last time (epoch s) a remembered member was seen in it
         # Never signal the supervisor itself or its own group/session, whatever a descendant does.
         self._protected_pid = os.getpid()
         self._protected_groups = {os.getpgid(0), os.getsid(0)}
@@ -43,20 +45,39 @@ class ProcessTree:
             root = psutil.Process(self.root_pid)
             processes = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return
+            processes = []
         for process in processes:
             self._remember(process)
+        self._confirm_groups()
 
     def sweep(self) -> None:
         """Also remember processes that left the tree but are still in one of its process groups."""
         self.refresh()
         for process in psutil.process_iter():
             try:
-                in_our_groups = os.getpgid(process.pid) in self._groups
+                confirmed_at = self._groups.get(os.getpgid(process.pid))
+                started_in_our_group = confirmed_at is not None and process.create_time() <= confirmed_at
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+            if started_in_our_group:
+                self._remember(process)
+
+    def _confirm_groups(self) -> None:
+        """Note, for each group, that it is still ours now if a remembered process still runs in it.
+
+        The kernel never hands out a group id while the group has a member, so a group that holds one of our
+        processes (same PID and start time) is our group; a process started no later than that moment and found in
+        it is one of ours. One started after the last such moment may belong to an unrelated group that reused the
+        id, and is left alone.
+        """
+        now = time.time()
+        for process in self.alive():
+            try:
+                group = os.getpgid(process.pid)
             except ProcessLookupError:
                 continue
-            if in_our_groups:
-                self._remember(process)
+            if group in self._groups:
+                self._groups[group] = now
 
     def alive(self) -> list[psutil.Process]:
         """Remembered processes that still run (zombies count as gone: they hold no resources)."""
@@ -106,4 +127,4 @@ class ProcessTree:
         if group in self._protected_groups:
             return
         self._known[process.pid] = process
-        self._groups.add(group)
+        self._groups[group] = time.time()

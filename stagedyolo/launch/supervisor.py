@@ -13,7 +13,6 @@ from typing import IO, Any
 
 from .parent_watch import parent_death_preexec
 from .process_tree import ProcessTree
-from .warm import WarmChild, WarmStart, start_warm
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _POLL_S = 0.2
@@ -25,6 +24,7 @@ class SupervisedResult:
     returncode: int  # the child's exit status, negative for a signal (as in subprocess)
     stop_signal: int | None = None  # the signal that asked the supervisor to stop, if one did
     killed_pids: list[int] = field(default_factory=list)  # processes that had to be SIGKILLed
+    timed_out: bool = False  # timeout_s ran out and the child was stopped (as if by SIGTERM)
 
 
 class _StopRequests:
@@ -34,6 +34,7 @@ class _StopRequests:
         self.first_signal: int | None = None
         self.first_at: float | None = None
         self.count = 0
+        self.timed_out = False
         self.child_pid: int | None = None
         self.tree: ProcessTree | None = None
 
@@ -69,29 +70,22 @@ def supervise(
     stderr: int | IO | None = None,
     grace_s: float = 10.0,
     on_start: Callable[[int], None] | None = None,
-    warm: WarmStart | None = None,
+    timeout_s: float | None = None,
 ) -> SupervisedResult:
     """Like run_supervised, but also says whether a signal stopped the stage and what had to be SIGKILLed."""
     stop = _StopRequests()
     previous_handlers = _install_handlers(stop)
-    proc: subprocess.Popen | WarmChild | None = None
+    proc: subprocess.Popen | None = None
     tree: ProcessTree | None = None
     result = SupervisedResult(returncode=-1)
     try:
-        if warm is not None:  # forked by the warm server, in a session of its own; None: start it cold
-            proc = start_warm(argv, os.environ if env is None else env, warm, cwd=cwd, stdout=stdout,
-                              stderr=stderr, log=stdout if hasattr(stdout, "write") else None)  # fmt: skip
-        if proc is None:
-            proc = subprocess.Popen(
-                list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout, stderr=stderr,
-                start_new_session=True,  # its own group, so signals reach it and its children and not us
-                preexec_fn=parent_death_preexec(signal.SIGTERM),  # if we are SIGKILLed, it still hears about it
-            )
+        proc = start_session(argv, env, cwd=cwd, stdout=stdout, stderr=stderr)
         tree = ProcessTree(proc.pid)
         stop.attach(proc.pid, tree)
         if on_start is not None:
             on_start(proc.pid)
-        result.returncode, result.killed_pids = _wait_for_child(proc, tree, stop, grace_s)
+        timeout_at = None if timeout_s is None else time.monotonic() + timeout_s
+        result.returncode, result.killed_pids = _wait_for_child(proc, tree, stop, grace_s, timeout_at)
     finally:
         try:
             if proc is not None and tree is not None:
@@ -103,7 +97,7 @@ def supervise(
                 proc.wait()
         finally:
             _restore_handlers(previous_handlers)
-    result.stop_signal = stop.first_signal
+    result.stop_signal, result.timed_out = stop.first_signal, stop.timed_out
     return result
 
 
@@ -115,14 +109,27 @@ def run_supervised(argv: Sequence[str], env: Mapping[str, str] | None, **options
     no handlers are installed: stopping is the caller's business. Either way, once the child has exited, or
     ``grace_s`` after a stop signal, every process it started is ended, by PID and process group: SIGTERM, then
     SIGKILL when ``grace_s`` is up. ``on_start(pid)`` runs once the child exists (e.g. to start telemetry).
-    ``options`` are supervise()'s: cwd, stdout, stderr, grace_s, on_start, and warm (a WarmStart: fork a plain
-    ``python -m`` command from the warm server instead of starting Python afresh; see launch/warm.py).
+    ``timeout_s``: stop the child as if SIGTERM had arrived once it has run this long (a hung probe).
+    ``options`` are supervise()'s: cwd, stdout, stderr, grace_s, on_start, timeout_s.
     """
     return supervise(argv, env, **options).returncode
 
 
+def start_session(argv: Sequence[str], env: Mapping[str, str] | None, **popen_options) -> subprocess.Popen:
+    """The one way this project starts an engine process (a stage's worker, torchrun, the probe's child): in a
+    session and process group of its own, so signals reach it and its children and never us, and with a
+    parent-death signal, so it still hears about it if we are SIGKILLed."""
+    return subprocess.Popen(
+        list(argv),
+        env=None if env is None else dict(env),
+        start_new_session=True,
+        preexec_fn=parent_death_preexec(signal.SIGTERM),
+        **popen_options,
+    )
+
+
 def _wait_for_child(
-    proc: subprocess.Popen | WarmChild, tree: ProcessTree, stop: _StopRequests, grace_s: float
+    proc: subprocess.Popen, tree: ProcessTree, stop: _StopRequests, grace_s: float, timeout_at: float | None
 ) -> tuple[int, list[int]]:
     last_refresh = time.monotonic()
     while True:
@@ -131,6 +138,9 @@ def _wait_for_child(
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
+        if timeout_at is not None and now >= timeout_at and stop.first_at is None:
+            stop.timed_out = True
+            stop.on_signal(signal.SIGTERM, None)
         if now - last_refresh >= _REFRESH_S:
             tree.refresh()
             last_refresh = now

@@ -15,7 +15,7 @@ from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
 from stagedyolo.jsonio import read_json, write_json
-from stagedyolo.launch.warm import WarmStart, start_warm, warm_start_for
+from stagedyolo.launch import supervise
 from stagedyolo.probe.child import LOADER_AMPLE_FACTOR, LOADER_MIN_BATCHES
 from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
 
@@ -28,10 +28,10 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   batches: list[int] | None = None, engine: dict | None = None) -> dict:  # fmt: skip
+                   batches: list[int] | None = None) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
-    take). ``engine``: the config's engine section (whether the measuring child may fork from the warm server)."""
+    take)."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -45,9 +45,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
                            work=work, batches=batches)  # fmt: skip
     run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
     load_before = os.getloadavg()
-    engine_home = run_dir / "engine"
-    measured = run_child(request, work, engine_home=engine_home, log_path=log_path,
-                         warm=warm_start_for(engine, engine_home))  # fmt: skip
+    measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
     tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
@@ -105,7 +103,7 @@ def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> Path:
     return list_path
 
 
-def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str, warm: WarmStart | None = None) -> dict:
+def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) -> dict:
     request_path = work / "request.json"
     write_json(request_path, request)
     Path(request["out"]).unlink(missing_ok=True)
@@ -117,17 +115,14 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str, wa
                   f"sizes, about {planned:.0f} s plus imports\n")  # fmt: skip
         log.flush()
         argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
-        child = start_warm(argv, env, warm, stdout=log, stderr=subprocess.STDOUT, log=log) if warm else None
-        if child is None:
-            child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            returncode = child.wait(timeout=CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            raise
-    if returncode != 0:
-        raise RuntimeError(f"probe: the measuring process exited {returncode}; see {log_path}")
+        # Like a stage's worker: its own session, its loader workers ended with it, a hung child stopped.
+        limit_s = CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned
+        result = supervise(argv, env, stdout=log, stderr=subprocess.STDOUT, timeout_s=limit_s)
+    if result.timed_out:
+        raise RuntimeError(f"probe: the measuring process ran past its {limit_s:.0f} s limit and was stopped; "
+                           f"see {log_path}")  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"probe: the measuring process exited {result.returncode}; see {log_path}")
     return read_json(request["out"])
 
 

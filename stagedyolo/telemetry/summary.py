@@ -273,8 +273,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
                                         "val_period", "plots", "nosave", "nominal_batch")}
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
-    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
-          "warm_start": meta.get("warm_start")}  # fmt: skip
+    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s"))}
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),

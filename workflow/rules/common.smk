@@ -1,9 +1,13 @@
 # Helpers: every decision the rules need is a named get_* function; the logic lives in the stagedyolo package.
+import os
+from pathlib import Path
+
 from snakemake.utils import validate
 
 import yaml
 
-from stagedyolo.config import check_config, coerce_cli_strings
+import stagedyolo
+from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.engine.plan import (
     available_cores,
     previous_stage,
@@ -15,10 +19,19 @@ from stagedyolo.engine.plan import (
 
 CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
 config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
+check_before_schema(config)
 validate(config, schema="../schemas/config.schema.yaml")
 check_config(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
+
+# A conda env from envs/ (--sdm conda) holds the dependencies but not stagedyolo itself: jobs get the source
+# checkout this Snakemake imported it from. An installed (wheel) stagedyolo is left to the job's own environment.
+CHECKOUT = Path(stagedyolo.__file__).resolve().parent.parent
+if (CHECKOUT / "pyproject.toml").is_file():
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p
+    )
 
 
 def get_final_outputs():

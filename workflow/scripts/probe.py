@@ -13,5 +13,4 @@ probe_for_rule(
     img=snakemake.params.img,
     threads=snakemake.threads,
     log_path=snakemake.log[0],
-    engine=snakemake.config["engine"],
 )
