@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.engine.patches import NOMINAL_BATCH_EDIT, WARMUP_FLOOR_EDIT, EngineContext
 from stagedyolo.engine.train_module import patched_source
 from stagedyolo.stage import build_plan, run_stage
 
@@ -15,8 +16,11 @@ SPEC = {
 
 
 def test_a_train_py_without_the_expected_lines_fails_loudly():
+    ctx = EngineContext({"nominal_batch": 64, "min_warmup_iters": 100}, "cpu", False, None)
+    WARMUP_FLOOR_EDIT(ctx)
+    NOMINAL_BATCH_EDIT(ctx)
     with pytest.raises(RuntimeError, match=r"nbs = 64.*yolov5==7\.0\.14"):
-        patched_source("def train():\n    nw = max(round(hyp['warmup_epochs'] * nb), 100)\n")
+        patched_source("def train():\n    nw = max(round(hyp['warmup_epochs'] * nb), 100)\n", ctx.source_edits)
 
 
 @pytest.mark.parametrize(
