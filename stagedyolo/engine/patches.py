@@ -183,12 +183,14 @@ def _nondeterministic(ctx: EngineContext) -> None:
 
 
 def _on_model(ctx: EngineContext, change: Callable) -> None:
-    """Run `change(model)` on the model train() just built, through the check_amp seam (called with it once)."""
+    """Run `change(model)` on the model train() just built, through the check_amp seam (called with it once).
+    Rows applied earlier change it first (channels_last before compile)."""
     check_amp = ctx.train.check_amp
 
     def check_amp_then_change(model):
+        amp = check_amp(model)
         change(model)
-        return check_amp(model)
+        return amp
 
     ctx.train.check_amp = check_amp_then_change
 
