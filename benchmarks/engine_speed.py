@@ -193,9 +193,10 @@ def main(argv=None):
                 else:
                     r[name] = run_stage_variant(name, engine, s, data, weights, workdir, rnd)
                 print(f"round {rnd} {name}: wall {r[name]['wall_s']:.1f} s, steady {r[name]['steady_images_per_s']}, "
-                      f"epoch loop {r[name]['epoch_loop_images_per_s']:.1f} img/s, mAP50 {r[name]['map50']:.4f}",
+                      f"epoch loop {r[name]['epoch_loop_images_per_s']} img/s, mAP50 {r[name]['map50']:.4f}",
                       flush=True)  # fmt: skip
             rounds.append(r)
+            (workdir / "rounds.json").write_text(json.dumps(rounds, default=str))  # kept if a later step fails
     summary = summarise(rounds)
     res = {
         "device": f"cpu: {machine_info()['cpu_model']}, {machine_info()['cores']} cores, shared with other agents",

@@ -176,3 +176,21 @@ def test_reproducible_mode_trains_bit_identically_to_yolov5_and_fast_mode_closel
     # The CPU's fast rows: foreach EMA (the same arithmetic) and the fused optimizer (its own kernel): close, and
     # not required to be identical.
     assert sum(fast, []) == pytest.approx(sum(bare, []), rel=1e-3)
+
+
+def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
+    """The CUDA-only sync_every_batches edit included: a train.py it does not fit must fail here, not on a GPU."""
+    import importlib.util
+
+    from stagedyolo.engine.train_module import patched_source
+
+    ctx = ctx_for(device="")
+    for patch in (p for p in PATCHES if p.phase == "source"):
+        assert skip_reason(patch, ctx) is None, patch.name
+        patch.apply(ctx)
+    assert len(ctx.source_edits) == 3 and ctx.log_every == patches.LOG_EVERY
+    source = Path(importlib.util.find_spec("yolov5.train").origin).read_text()
+    edited = patched_source(source, ctx.source_edits)
+    compile(edited, "train.py", "exec")
+    assert "if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(" in edited
+    assert set(ctx.module_names) == {"_STAGEDYOLO_NOMINAL_BATCH", "_STAGEDYOLO_MIN_WARMUP_ITERS", "_STAGEDYOLO_LOG_EVERY"}
