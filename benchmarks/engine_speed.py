@@ -123,6 +123,58 @@ def run_bare(s: dict, data: Path, weights: Path, hyp: Path, workdir: Path, rnd: 
             "argv": argv}  # fmt: skip
 
 
+def component_effects(blocks: int = 7, per_block: int = 10, threads: int = 1) -> dict:
+    """The CPU rows' own cost, in-process and interleaved (far less noisy than whole stages on a shared machine):
+    ms per call of yolov5's ModelEMA.update vs the foreach one, and of its AdamW step vs the fused one, on yolov5n
+    with real gradients of a batch of 16 at 128 px; and that step's forward + backward for scale."""
+    import torch
+    from yolov5.models.yolo import Model
+    from yolov5.utils.torch_utils import ModelEMA, smart_optimizer
+
+    from stagedyolo.engine.patches import foreach_model_ema
+    from stagedyolo.engine.plan import yolov5_dir
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = Model(str(yolov5_dir() / "models" / "yolov5n.yaml"), ch=3, nc=3)
+    images = torch.rand(16, 3, 128, 128)
+
+    def forward_backward():
+        model.zero_grad()
+        sum(p.sum() for p in model(images)).backward()
+
+    forward_backward()
+    plain_ema, fast_ema = ModelEMA(model), foreach_model_ema(ModelEMA, torch)(model)
+    plain_opt = smart_optimizer(model, "AdamW", 0.001, 0.937, 5e-4)
+    groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in plain_opt.param_groups]
+    fused_opt = type(plain_opt)(groups, fused=True)
+    calls = {"ema_plain": lambda: plain_ema.update(model), "ema_foreach": lambda: fast_ema.update(model),
+             "optimizer_plain": plain_opt.step, "optimizer_fused": fused_opt.step}  # fmt: skip
+    times = {name: [] for name in calls}
+    for _ in range(blocks):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(per_block):
+                call()
+            times[name].append((time.perf_counter() - start) / per_block * 1000)
+    step_ms = []
+    for _ in range(3):
+        start = time.perf_counter()
+        forward_backward()
+        step_ms.append((time.perf_counter() - start) * 1000)
+    ms = {name: spread(values) for name, values in times.items()}
+    fb = statistics.median(step_ms)
+    return {
+        "ms_per_call": ms, "forward_backward_ms": spread(step_ms), "threads": threads,
+        "foreach_ema": {"saved_ms_per_step": ms["ema_plain"]["median"] - ms["ema_foreach"]["median"],
+                        "speedup": ms["ema_plain"]["median"] / ms["ema_foreach"]["median"],
+                        "share_of_forward_backward": (ms["ema_plain"]["median"] - ms["ema_foreach"]["median"]) / fb},
+        "fused_optimizer": {"saved_ms_per_step": ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"],
+                            "speedup": ms["optimizer_plain"]["median"] / ms["optimizer_fused"]["median"],
+                            "share_of_forward_backward": (ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"]) / fb},
+    }  # fmt: skip
+
+
 def spread(values: list) -> dict:
     values = [v for v in values if v is not None]
     if not values:
@@ -147,15 +199,15 @@ def summarise(rounds: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def patch_rows(fast_run: dict, summary: dict) -> dict:
-    """Every fast row: measured here, or why not (its guard did not hold on this machine)."""
+def patch_rows(fast_run: dict, summary: dict, components: dict) -> dict:
+    """Every fast row: measured here (whole stages, and the component alone), or why not (its guard did not hold)."""
     from stagedyolo.engine.patches import PATCHES
 
     applied, skipped = fast_run["engine"]["patches_applied"], fast_run["engine"]["patches_not_applied"]
     rows = {}
     for p in (p for p in PATCHES if p.fast_only):
         if p.name in summary["patches"]:
-            rows[p.name] = {"applied": True, **summary["patches"][p.name]}
+            rows[p.name] = {"applied": True, **summary["patches"][p.name], "component": components[p.name]}
         else:
             rows[p.name] = {"applied": p.name in applied, "effect": None,
                             "reason": skipped.get(p.name, "applied but not measured")}  # fmt: skip
@@ -169,7 +221,11 @@ def main(argv=None):
     ap.add_argument("--source", type=Path, help="a finished demo workdir (its demo data and pretrained.pt)")
     ap.add_argument("--workdir", type=Path, default=WORK / "engine_speed")
     ap.add_argument("--name", default="engine_speed")
+    ap.add_argument("--reuse-rounds", type=Path, help="an earlier results JSON: keep its rounds, rerun the rest")
     a = ap.parse_args(argv)
+    if a.reuse_rounds:
+        earlier = json.loads(a.reuse_rounds.read_text())
+        return report(a, earlier["rounds"], earlier["load"], earlier["total_s"])
 
     source = find_demo_source(a.source)
     workdir = a.workdir.resolve()
@@ -197,7 +253,12 @@ def main(argv=None):
                       flush=True)  # fmt: skip
             rounds.append(r)
             (workdir / "rounds.json").write_text(json.dumps(rounds, default=str))  # kept if a later step fails
+    report(a, rounds, load.summary(), time.time() - started)
+
+
+def report(a, rounds: list[dict], load: dict, total_s: float) -> None:
     summary = summarise(rounds)
+    components = component_effects()
     res = {
         "device": f"cpu: {machine_info()['cpu_model']}, {machine_info()['cores']} cores, shared with other agents",
         "gpu": None, "gpu_reason": "no GPU on this machine: issue 13's H200 goal (speedup_vs_bare >= 2.0, GPU busy "
@@ -205,9 +266,9 @@ def main(argv=None):
         "speedup_vs_bare": summary["speedup_vs_bare"]["median"],
         "speedup_vs_reproducible": summary["speedup_vs_reproducible"]["median"],
         "map50_delta": summary["map50_delta"]["median"],
-        "patches": patch_rows(rounds[0]["fast"], summary),
-        "summary": summary, "targets": TARGETS, "settings": s, "rounds": rounds, "machine": machine_info(),
-        "load": load.summary(), "total_s": time.time() - started,
+        "patches": patch_rows(rounds[0]["fast"], summary, components),
+        "components": components, "summary": summary, "targets": TARGETS, "settings": settings(a), "rounds": rounds,
+        "machine": machine_info(), "load": load, "total_s": total_s,
     }  # fmt: skip
     res["met"] = met(res)
     save(a.name, res, markdown(res))
@@ -262,6 +323,17 @@ def markdown(res: dict) -> list[str]:
     for name, row in res["patches"].items():
         effect = sp(row["effect"]) if row.get("effect") else f"not measured: {row.get('reason')}"
         lines.append(f"| `{name}` | {row['applied']} | {effect} | {res['met'].get(f'patch {name}', '—')} |")
+    c = res["components"]
+    lines += ["", f"Each CPU row's component alone (yolov5n, batch 16 at 128 px, {c['threads']} thread, in-process, "
+              "interleaved blocks; forward + backward of that batch: "
+              f"{f(c['forward_backward_ms']['median'], 0)} ms):", "",
+              "| row | yolov5's call, ms | patched call, ms | speed-up of the call | saved ms per optimizer step | "
+              "share of forward + backward |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for row, (plain, patched) in {"foreach_ema": ("ema_plain", "ema_foreach"),
+                                  "fused_optimizer": ("optimizer_plain", "optimizer_fused")}.items():  # fmt: skip
+        lines.append(f"| `{row}` | {f(c['ms_per_call'][plain]['median'], 2)} | {f(c['ms_per_call'][patched]['median'], 2)} "
+                     f"| {f(c[row]['speedup'])} | {f(c[row]['saved_ms_per_step'], 2)} | "
+                     f"{c[row]['share_of_forward_backward'] * 100:.1f} % |")  # fmt: skip
     lines += ["", "| round | variant | wall s | steady train img/s | epoch-loop img/s | final mAP50 |",
               "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for i, r in enumerate(res["rounds"]):

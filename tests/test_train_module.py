@@ -1,5 +1,7 @@
 """nominal_batch and min_warmup_iters: the two train.py constants the adapter makes settable reach the real engine."""
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -49,3 +51,11 @@ def test_nominal_batch_and_warmup_floor_reach_yolov5(tmp_path, nominal_batch, mi
     last = results.iloc[-1]
     assert last["x/lr1"] == pytest.approx(weights_lr, rel=1e-3)
     assert last["x/lr2"] == pytest.approx(weights_lr, rel=1e-3)
+
+    # A spec without an engine section trains in the default mode, and both records say which rows applied.
+    engine = json.loads((tmp_path / "s" / "timing.json").read_text())["engine"]
+    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema"} <= set(engine["patches_applied"])
+    assert engine["patches_not_applied"]["channels_last"] == "CUDA only: the stage runs on the CPU"
+    record = json.loads((tmp_path / "s" / "stage.json").read_text())
+    assert record["engine_mode"] == "fast" and len(record["patches"]) == len(engine["patches_applied"]) + len(
+        engine["patches_not_applied"])

@@ -240,7 +240,8 @@ def foreach_model_ema(model_ema_class, torch):
     """yolov5's ModelEMA with update() as two multi-tensor ops over all floating tensors instead of a Python loop
     of two kernels per tensor. The arithmetic is the same (v = v*d + (1-d)*m, in that order), so the result is
     bit-identical on the CPU (tests/test_engine_patches.py). The state dicts are read afresh each step: validation
-    and checkpointing replace the model's and the EMA's buffers (model.half()/.float()), so a cached list would go stale."""
+    and checkpointing replace the model's and the EMA's buffers (model.half()/.float()), so a cached list would go
+    stale."""
     de_parallel = sys.modules[model_ema_class.__module__].de_parallel
 
     class ForeachModelEMA(model_ema_class):
@@ -317,12 +318,19 @@ PATCHES: tuple[Patch, ...] = (
           "fuses the many small kernels of a YOLOv5 step; compile time goes to timing.json",
           "fast mode, engine.compile: true, CUDA", "GPU: open (no GPU here)", _compile, _compile_requested,
           fast_only=True),
-    Patch("foreach_ema", "train.ModelEMA.update", "it walks the state dict in Python, two kernels per tensor, every step",
-          "fast mode", "see benchmarks/results/engine_speed.json (patches.foreach_ema)", _foreach_ema,
+    Patch("foreach_ema", "train.ModelEMA.update",
+          "it walks the state dict in Python, two kernels per tensor, every step",
+          "fast mode",
+          "CPU (yolov5n, 128 px, batch 16): the update 36.6 -> 35.9 ms (1.02x, 0.1 % of a step); whole stages "
+          "0.97x (0.83-1.21, within the shared machine's noise); final mAP50 unchanged. GPU: open "
+          "(benchmarks/results/engine_speed.json)", _foreach_ema,
           fast_only=True),
     Patch("fused_optimizer", "train.smart_optimizer (fused=True, same groups and hyperparameters)",
-          "torch's default optimizer step is a for-loop over parameters on the CPU and foreach on CUDA; fused is one kernel",
-          "fast mode, SGD/Adam/AdamW", "see benchmarks/results/engine_speed.json (patches.fused_optimizer)",
+          "torch's default optimizer step loops over parameters in Python on the CPU (foreach on CUDA); fused is one "
+          "kernel",
+          "fast mode, SGD/Adam/AdamW",
+          "CPU (yolov5n, 128 px, batch 16, AdamW): the step 57.4 -> 15.7 ms (3.66x, 4.3 % of a forward+backward); "
+          "whole stages 1.29x (1.01-1.43); final mAP50 unchanged. GPU: open (benchmarks/results/engine_speed.json)",
           _fused_optimizer, _fused_supported, fast_only=True),
 )  # fmt: skip
 

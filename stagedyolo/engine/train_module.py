@@ -47,7 +47,8 @@ def load_train(edits=(), names: dict | None = None):
     module = types.ModuleType("yolov5.train")
     module.__file__, module.__package__, module.__spec__ = str(path), "yolov5", spec
     module.__dict__.update(names or {})
-    code = compile(patched_source(path.read_text(encoding="utf-8"), edits), str(path), "exec")  # tracebacks keep the path
+    source = patched_source(path.read_text(encoding="utf-8"), edits)
+    code = compile(source, str(path), "exec")  # tracebacks keep the path
     sys.modules["yolov5.train"] = module
     try:
         exec(code, module.__dict__)
