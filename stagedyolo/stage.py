@@ -21,6 +21,7 @@ from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import (
     MIN_RETRY_BATCH,
     cpu_budget,
+    engine_spec,
     spec_digest,
     stage_hyp,
     stage_spec,
@@ -76,6 +77,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "plots": spec["plots"],
         "nosave": spec["nosave"],
         "seed": 0,
+        "engine": spec.get("engine") or engine_spec({}, spec.get("engine_mode")),
         "work_dir": str(Path(work_dir).resolve()),
     }
 
@@ -172,7 +174,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             shutil.copy2(path, stage_dir / path.name)
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
-              "attempts": attempts}  # fmt: skip
+              "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
+              "compile": outcome.get("compile"), "attempts": attempts}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
@@ -186,6 +189,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
             "nominal_batch": plan["nominal_batch"],
+            **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
             **outcome.get("sampler", {}),
         },
     )  # fmt: skip

@@ -1,9 +1,12 @@
 """nominal_batch and min_warmup_iters: the two train.py constants the adapter makes settable reach the real engine."""
 
+import json
+
 import pandas as pd
 import pytest
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.engine.patches import NOMINAL_BATCH_EDIT, WARMUP_FLOOR_EDIT, EngineContext
 from stagedyolo.engine.train_module import patched_source
 from stagedyolo.stage import build_plan, run_stage
 
@@ -15,8 +18,11 @@ SPEC = {
 
 
 def test_a_train_py_without_the_expected_lines_fails_loudly():
+    ctx = EngineContext({"nominal_batch": 64, "min_warmup_iters": 100}, "cpu", False, None)
+    WARMUP_FLOOR_EDIT(ctx)
+    NOMINAL_BATCH_EDIT(ctx)
     with pytest.raises(RuntimeError, match=r"nbs = 64.*yolov5==7\.0\.14"):
-        patched_source("def train():\n    nw = max(round(hyp['warmup_epochs'] * nb), 100)\n")
+        patched_source("def train():\n    nw = max(round(hyp['warmup_epochs'] * nb), 100)\n", ctx.source_edits)
 
 
 @pytest.mark.parametrize(
@@ -45,3 +51,11 @@ def test_nominal_batch_and_warmup_floor_reach_yolov5(tmp_path, nominal_batch, mi
     last = results.iloc[-1]
     assert last["x/lr1"] == pytest.approx(weights_lr, rel=1e-3)
     assert last["x/lr2"] == pytest.approx(weights_lr, rel=1e-3)
+
+    # A spec without an engine section trains in the default mode, and both records say which rows applied.
+    engine = json.loads((tmp_path / "s" / "timing.json").read_text())["engine"]
+    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema"} <= set(engine["patches_applied"])
+    assert engine["patches_not_applied"]["channels_last"] == "CUDA only: the stage runs on the CPU"
+    record = json.loads((tmp_path / "s" / "stage.json").read_text())
+    assert record["engine_mode"] == "fast" and len(record["patches"]) == len(engine["patches_applied"]) + len(
+        engine["patches_not_applied"])

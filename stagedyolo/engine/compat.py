@@ -1,4 +1,5 @@
-"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch, applied in the stage process only.
+"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch: rows of the patch table
+(stagedyolo.engine.patches), which applies them in the stage process.
 
 Each shim restores an API the engine calls and a newer release removed; none changes behaviour otherwise.
 """
@@ -10,12 +11,13 @@ import tempfile
 
 
 def install() -> None:
-    _numpy_trapz()
-    _pillow_getsize()
-    _atomic_torch_save()
+    """All three, for a process that uses yolov5 without training a stage (the probe)."""
+    numpy_trapz()
+    pillow_getsize()
+    atomic_torch_save()
 
 
-def _numpy_trapz() -> None:
+def numpy_trapz() -> None:
     # numpy 2.4 removed np.trapz (yolov5 metrics.compute_ap); pyproject pins numpy<2.4, this covers a newer one.
     import numpy as np
 
@@ -23,7 +25,7 @@ def _numpy_trapz() -> None:
         np.trapz = np.trapezoid
 
 
-def _pillow_getsize() -> None:
+def pillow_getsize() -> None:
     # Pillow 10 removed FreeTypeFont.getsize, used by yolov5's plot annotator.
     from PIL import ImageFont
 
@@ -36,7 +38,7 @@ def _pillow_getsize() -> None:
         ImageFont.FreeTypeFont.getsize = getsize
 
 
-def _atomic_torch_save() -> None:
+def atomic_torch_save() -> None:
     """yolov5 writes last.pt/best.pt with a plain torch.save: a kill mid-write leaves a corrupt checkpoint.
 
     Saving to a temporary file in the same folder, then os.replace, means a reader (or a resume) sees either the

@@ -68,20 +68,27 @@ class NonFiniteLossGuard:
     """Stops training within one iteration of the loss turning NaN/Inf, instead of burning hours on it.
 
     yolov5's running mean loss stays non-finite once one batch is, so checking it each batch is enough; the
-    check reads values the progress bar already synchronised, so it adds no GPU sync.
+    check reads values the progress bar already synchronised, so it adds no GPU sync. With `every` > 1 (the
+    patch table's sync_every_batches, where the progress bar formats the loss only every N batches) it checks
+    batches 0, N, 2N... of each epoch, which the bar formats too, so it adds no sync there either; a NaN stops
+    training within N batches (NaN weights keep the next epoch's loss NaN from its batch 0).
     """
 
-    def __init__(self, stage: str, lr0: float):
-        self.stage, self.lr0 = stage, lr0
+    def __init__(self, stage: str, lr0: float, every: int = 1):
+        self.stage, self.lr0, self.every = stage, lr0, max(1, int(every))
         self.message: str | None = None
         self.callbacks = None
         self.epoch = 0
+        self.batches = 0  # batches of this epoch so far
 
     def attach(self, callbacks) -> None:
         self.callbacks = callbacks
         register(self, callbacks)
 
     def on_train_batch_end(self, model, ni, imgs, targets, paths, mloss):
+        self.batches += 1
+        if (self.batches - 1) % self.every:
+            return
         values = [float(v) for v in mloss]
         if all(math.isfinite(v) for v in values):
             return
@@ -92,7 +99,7 @@ class NonFiniteLossGuard:
         self.callbacks.stop_training = True
 
     def on_train_epoch_end(self, epoch):
-        self.epoch = epoch + 1
+        self.epoch, self.batches = epoch + 1, 0
 
 
 class FaultInjection:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import yaml
 
+from stagedyolo.engine.patches import DEFAULT_MODE
+
 # Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
     "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters",
+    "min_warmup_iters", "engine_mode",
 )  # fmt: skip
 
 # Smallest batch the out-of-memory retry halves down to.
@@ -74,7 +76,14 @@ def stage_spec(config: dict, stage: str) -> dict:
     spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
     if spec["device"] is None:
         spec["device"] = config["device"]
+    spec["engine"] = engine_spec(config.get("engine") or {}, spec["engine_mode"])
     return spec
+
+
+def engine_spec(engine: dict, stage_mode: str | None) -> dict:
+    """The stage's engine settings: its engine_mode, else the run's engine.mode; compile and skipped patches."""
+    return {"mode": stage_mode or engine.get("mode", DEFAULT_MODE), "compile": bool(engine.get("compile", False)),
+            "skip_patches": sorted(engine.get("skip_patches") or [])}  # fmt: skip
 
 
 # The stage keys the probe decides when a stage leaves them at `auto`.

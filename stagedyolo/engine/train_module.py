@@ -1,12 +1,13 @@
-"""yolov5's train.py with its two hard-coded step-count constants made settable per stage.
+"""yolov5's train.py compiled from its own source with the patch table's source edits (stagedyolo.engine.patches).
 
-train.py 7.0 fixes, inside `train()`:
+The two hard-coded step-count constants made settable per stage are such edits; train.py 7.0 fixes,
+inside `train()`:
 - `nbs = 64`: gradients accumulate until 64 images per optimizer step. On a dataset of a few hundred images that
   is 4 optimizer steps per epoch at batch 16; a stage of a few epochs barely moves.
 - `nw = max(round(warmup_epochs * nb), 100)`: warmup lasts at least 100 iterations, so `warmup_epochs` cannot
   shorten it and a short stage on a small dataset never leaves warmup.
 Neither is an option, so the module is compiled from yolov5's own source with those two expressions replaced by
-names this module supplies. Every replacement must match exactly once: a different train.py fails loudly here
+names the patch table supplies. Every replacement must match exactly once: a different train.py fails loudly here
 instead of training with silently unpatched constants. Defaults (64, 100) reproduce yolov5 exactly.
 """
 
@@ -20,15 +21,10 @@ from pathlib import Path
 YOLOV5_NOMINAL_BATCH = 64
 YOLOV5_MIN_WARMUP_ITERS = 100
 
-_REPLACEMENTS = (
-    ("nbs = 64  # nominal batch size", "nbs = _STAGEDYOLO_NOMINAL_BATCH  # nominal batch size (stagedyolo: per stage)"),
-    ("nw = max(round(hyp['warmup_epochs'] * nb), 100)",
-     "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)"),
-)  # fmt: skip
 
-
-def patched_source(source: str) -> str:
-    for old, new in _REPLACEMENTS:
+def patched_source(source: str, edits) -> str:
+    """`source` with each (old, new) of `edits` replaced; every old text must occur exactly once."""
+    for old, new in edits:
         count = source.count(old)
         if count != 1:
             raise RuntimeError(
@@ -39,19 +35,20 @@ def patched_source(source: str) -> str:
     return source
 
 
-def load_train(nominal_batch: int = YOLOV5_NOMINAL_BATCH, min_warmup_iters: int = YOLOV5_MIN_WARMUP_ITERS):
-    """Import `yolov5.train` with the stage's nominal batch and warmup floor; returns the module.
+def load_train(edits=(), names: dict | None = None):
+    """Import `yolov5.train` compiled from its source with `edits` applied and `names` defined in it; returns it.
 
-    It replaces `yolov5.train` in sys.modules, so it is called once, before anything else imports yolov5.train
-    (the worker is one process per stage for this reason, among others).
+    The edits and names are the patch table's source rows (stagedyolo.engine.patches). It replaces
+    `yolov5.train` in sys.modules, so it is called once, before anything else imports yolov5.train (the worker
+    is one process per stage for this reason, among others).
     """
     spec = importlib.util.find_spec("yolov5.train")
     path = Path(spec.origin)
     module = types.ModuleType("yolov5.train")
     module.__file__, module.__package__, module.__spec__ = str(path), "yolov5", spec
-    module._STAGEDYOLO_NOMINAL_BATCH = int(nominal_batch)
-    module._STAGEDYOLO_MIN_WARMUP_ITERS = int(min_warmup_iters)
-    code = compile(patched_source(path.read_text(encoding="utf-8")), str(path), "exec")  # tracebacks keep the path
+    module.__dict__.update(names or {})
+    source = patched_source(path.read_text(encoding="utf-8"), edits)
+    code = compile(source, str(path), "exec")  # tracebacks keep the path
     sys.modules["yolov5.train"] = module
     try:
         exec(code, module.__dict__)

@@ -15,16 +15,10 @@ import traceback
 import warnings
 from pathlib import Path
 
-from stagedyolo.engine import compat
-from stagedyolo.engine.hooks import (
-    FaultInjection,
-    NonFiniteLossGuard,
-    ValidationSchedule,
-    register,
-)
-from stagedyolo.engine.train_module import load_train
+from stagedyolo.engine.hooks import register
+from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.jsonio import write_json
-from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
+from stagedyolo.launch import exit_when_parent_dies
 from stagedyolo.telemetry import StageTimer
 
 # yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
@@ -34,12 +28,12 @@ EXIT_OOM = 75  # EX_TEMPFAIL: worth retrying with a smaller batch
 EXIT_NONFINITE = 76
 
 
-def main(plan_path: str) -> int:
+def main(plan_path: str, plugins=()) -> int:
+    """Run the plan's stage; `plugins` are extra Callbacks plugins (tests record per-step losses with one)."""
     process_start = time.time()
     exit_when_parent_dies()  # a SIGKILLed supervisor must not leave this stage training on its own
     plan = json.loads(Path(plan_path).read_text())
     work_dir = Path(plan["work_dir"])
-    compat.install()
     # yolov5 7.0 calls torch.cuda.amp.autocast(...) every batch; its deprecation warning would flood the log.
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)  # yolov5's import
@@ -47,29 +41,22 @@ def main(plan_path: str) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
-    bound_init_process_group_timeout()  # DDP: a dead rank fails the others within minutes, not yolov5's 3 h
     from yolov5.utils.callbacks import Callbacks
-
-    train = load_train(plan["nominal_batch"], plan["min_warmup_iters"])
 
     device = resolve_device(plan["device"], torch.cuda.is_available())
     amp, amp_reason = decide_amp(plan["amp"], device, plan.get("amp_source", "config"))
-    # yolov5's check_amp may fetch yolov5n.pt and silently turns AMP off when it fails: the plan decides.
-    train.check_amp = lambda model: amp
-
     callbacks = Callbacks()  # never yolov5's shared default instance
-    schedule = ValidationSchedule(plan["val_period"], plan["epochs"])
-    train.validate.run = schedule.wrap(train.validate.run)
-    register(schedule, callbacks)
-    guard = NonFiniteLossGuard(plan["stage"], plan["hyp"]["lr0"])
-    guard.attach(callbacks)
-    faults = FaultInjection.from_env(plan["attempt"])
-    if faults:
-        register(faults, callbacks)
+    # Every change to yolov5's behaviour (AMP decision, val_period, NaN guard, fast mode...): stagedyolo.engine.patches
+    engine = EngineContext(plan, device, amp, callbacks, torch=torch, **engine_settings(plan))
+    patches = apply_patches(engine)
+    train, schedule, guard = engine.train, engine.schedule, engine.guard
+    for plugin in plugins:
+        register(plugin, callbacks)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
 
-    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0"}
+    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
+               "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every}  # fmt: skip
     try:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:
@@ -81,6 +68,8 @@ def main(plan_path: str) -> int:
         raise
     finally:
         if REPORTING_RANK:
+            if engine.compile_applied:
+                outcome["compile"] = compile_seconds(torch)
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
             write_json(work_dir / "outcome.json", outcome)
@@ -148,8 +137,6 @@ def build_opt(train, plan: dict, device: str):
     opt.sync_bn = plan["sync_bn"]
     opt.optimizer = plan.get("optimizer", "SGD")
     opt.seed = plan.get("seed", 0)
-    # Early stopping would end training on an epoch val_period skipped; patience 0 means "never" in yolov5.
-    opt.patience = 0
     return opt
 
 

@@ -168,6 +168,23 @@ def _sampler_info(meta: dict) -> dict | None:
     return info or None
 
 
+def _engine_section(meta: dict) -> dict | None:
+    """The engine mode and the patch-table rows of the stage (stagedyolo.engine.patches), from the worker's outcome."""
+    patches = meta.get("patches")
+    if patches is None:
+        return None
+    return {"mode": meta.get("engine_mode"), "patches_applied": [p["name"] for p in patches if p["applied"]],
+            "patches_not_applied": {p["name"]: p["reason"] for p in patches if not p["applied"]},
+            "sync_every_batches": meta.get("sync_every_batches"), "compile": meta.get("compile")}  # fmt: skip
+
+
+def _sync_note(note: str | None, every) -> str | None:
+    if note and every and int(every) > 1:
+        return (f"{note}; but fast mode formats the loss only every {every} batches (sync_every_batches): batch "
+                "compute between those is host enqueue time, and the wait for the GPU lands on the next synced batch")
+    return note
+
+
 def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = None, meta: dict | None = None) -> dict:
     """Combine the raw timer record, the sampler CSV and the stage meta into the timing dict (see the schema).
 
@@ -293,7 +310,8 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "attempts": list(meta.get("attempts") or []),
         "telemetry": {"samples": len(rows), "window_samples": len(win_rows), "gpu_status": gpu["reason"] or "ok",
                       "sampler": _sampler_info(meta)},
-        "sync": raw.get("sync"),
+        "engine": _engine_section(meta),
+        "sync": _sync_note(raw.get("sync"), meta.get("sync_every_batches")),
         "warnings": warnings + [f"timer: {x}" for x in raw.get("errors") or []],
     }
 

@@ -1,0 +1,412 @@
+"""Every change stagedyolo makes to yolov5 7.0.14's behaviour, as one table, and the one function that applies it.
+
+A row names its target (what in yolov5 or torch changes), the reason, its guard (when it applies) and its measured
+effect. `apply_patches` walks the table in order, once per stage process, and returns which rows applied and why
+the others did not; the worker records that in stage.json and timing.json. docs/engine.md is generated from the
+table (`python -m stagedyolo.engine.patches`), and a test keeps the two equal.
+
+Modes (`engine.mode`, per run or per stage):
+- `reproducible`: only the rows yolov5 needs to run here and that change no number it computes; a stage trains
+  bit-identically to `python -m yolov5.train` at the same settings (tests/test_engine_patches.py checks per-step
+  losses on the CPU).
+- `fast`: those rows plus the speed rows, each behind a guard (most need CUDA). `engine.skip_patches` turns named
+  speed rows off, for a machine where one measures slower, and for benchmarks/engine_speed.py's per-row effects.
+AMP is not a row of this table's modes: `amp` (auto: on with CUDA) decides it for both modes (worker.decide_amp).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from stagedyolo.engine import compat
+from stagedyolo.engine.hooks import FaultInjection, NonFiniteLossGuard, ValidationSchedule, register
+from stagedyolo.engine.train_module import load_train
+
+MODES = ("fast", "reproducible")
+DEFAULT_MODE = "fast"
+# fast mode on CUDA formats the progress bar (and checks the loss for NaN) every this many batches: reading the
+# loss tensors is what makes the host wait for the GPU.
+LOG_EVERY = 10
+
+
+@dataclass
+class EngineContext:
+    """What the guards decide on, and what applying the rows produces (the train module, the hook plugins)."""
+
+    plan: dict
+    device: str  # the yolov5 --device string: 'cpu', '' (first CUDA device) or indices
+    amp: bool
+    callbacks: object
+    mode: str = DEFAULT_MODE
+    compile: bool = False
+    skip: frozenset = frozenset()
+    torch: object = None
+    train: object = None
+    schedule: ValidationSchedule | None = None
+    guard: NonFiniteLossGuard | None = None
+    source_edits: list = field(default_factory=list)
+    module_names: dict = field(default_factory=dict)
+    log_every: int = 1
+    compile_applied: bool = False
+
+    @property
+    def cuda(self) -> bool:
+        return self.device != "cpu"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str
+    reason: str
+    guard: str  # when it applies, in words (`when` is the same in code)
+    effect: str  # measured effect, and where it was measured
+    apply: Callable[[EngineContext], None]
+    when: Callable[[EngineContext], str | None] = lambda ctx: None  # None: applies; else why it does not
+    fast_only: bool = False
+    phase: str = "module"  # process: before yolov5 is imported; source: edits train.py; module: after import
+
+
+# --------------------------------------------------------------------------------------------- guards
+def _cuda_only(ctx: EngineContext) -> str | None:
+    return None if ctx.cuda else "CUDA only: the stage runs on the CPU"
+
+
+# --------------------------------------------------------------------------------------------- process rows
+def _offline_environment(ctx: EngineContext) -> None:
+    from stagedyolo.engine.offline import OFFLINE_ENV
+
+    os.environ.update(OFFLINE_ENV)  # the supervisor set them already; this covers a worker started by hand
+
+
+def _numpy_has_trapz(ctx) -> str | None:
+    import numpy as np
+
+    return "numpy still has np.trapz" if "trapz" in vars(np) else None
+
+
+def _pillow_has_getsize(ctx) -> str | None:
+    from PIL import ImageFont
+
+    return "Pillow still has FreeTypeFont.getsize" if "getsize" in vars(ImageFont.FreeTypeFont) else None
+
+
+def _ddp_timeout(ctx) -> None:
+    from stagedyolo.launch import bound_init_process_group_timeout
+
+    bound_init_process_group_timeout()
+
+
+def _ddp_timeout_configured(ctx) -> str | None:
+    from stagedyolo.launch.command import DDP_TIMEOUT_ENV
+
+    return None if os.environ.get(DDP_TIMEOUT_ENV) else f"single process ({DDP_TIMEOUT_ENV} not set)"
+
+
+# --------------------------------------------------------------------------------------------- source rows
+def _source_edit(old: str, new: str, name: str, value: Callable[[EngineContext], int]):
+    def apply(ctx: EngineContext) -> None:
+        ctx.source_edits.append((old, new))
+        ctx.module_names[name] = int(value(ctx))
+
+    return apply
+
+
+NOMINAL_BATCH_EDIT = _source_edit(
+    "nbs = 64  # nominal batch size",
+    "nbs = _STAGEDYOLO_NOMINAL_BATCH  # nominal batch size (stagedyolo: per stage)",
+    "_STAGEDYOLO_NOMINAL_BATCH", lambda ctx: ctx.plan["nominal_batch"],
+)  # fmt: skip
+WARMUP_FLOOR_EDIT = _source_edit(
+    "nw = max(round(hyp['warmup_epochs'] * nb), 100)",
+    "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)",
+    "_STAGEDYOLO_MIN_WARMUP_ITERS", lambda ctx: ctx.plan["min_warmup_iters"],
+)  # fmt: skip
+_LOG_EVERY_EDIT = _source_edit(
+    "                pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
+    "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
+    "_STAGEDYOLO_LOG_EVERY", lambda ctx: LOG_EVERY,
+)  # fmt: skip
+
+
+def _sync_every_batches(ctx: EngineContext) -> None:
+    _LOG_EVERY_EDIT(ctx)
+    ctx.log_every = LOG_EVERY  # the NaN guard reads the loss on the same batches (see _nonfinite_guard)
+
+
+# --------------------------------------------------------------------------------------------- module rows
+def _amp_decision(ctx: EngineContext) -> None:
+    ctx.train.check_amp = lambda model: ctx.amp
+
+
+def _val_period(ctx: EngineContext) -> None:
+    ctx.schedule = ValidationSchedule(ctx.plan["val_period"], ctx.plan["epochs"])
+    ctx.train.validate.run = ctx.schedule.wrap(ctx.train.validate.run)
+    register(ctx.schedule, ctx.callbacks)
+
+
+def _patience_off(ctx: EngineContext) -> None:
+    parse_opt = ctx.train.parse_opt
+
+    def parse_opt_without_early_stop(*args, **kwargs):
+        opt = parse_opt(*args, **kwargs)
+        opt.patience = 0  # "never" in yolov5's EarlyStopping
+        return opt
+
+    ctx.train.parse_opt = parse_opt_without_early_stop
+
+
+def _nonfinite_guard(ctx: EngineContext) -> None:
+    ctx.guard = NonFiniteLossGuard(ctx.plan["stage"], ctx.plan["hyp"]["lr0"], every=ctx.log_every)
+    ctx.guard.attach(ctx.callbacks)
+
+
+def _fault_injection(ctx: EngineContext) -> None:
+    register(FaultInjection.from_env(ctx.plan["attempt"]), ctx.callbacks)
+
+
+def _fault_requested(ctx) -> str | None:
+    return None if os.environ.get(FaultInjection.ENV) else f"{FaultInjection.ENV} not set"
+
+
+def _nondeterministic(ctx: EngineContext) -> None:
+    init_seeds, torch = ctx.train.init_seeds, ctx.torch
+
+    def init_seeds_fast(seed=0, deterministic=False):
+        init_seeds(seed, deterministic=False)  # same seeds; no use_deterministic_algorithms, no cudnn.deterministic
+        torch.backends.cudnn.benchmark = True
+
+    ctx.train.init_seeds = init_seeds_fast
+
+
+def _on_model(ctx: EngineContext, change: Callable) -> None:
+    """Run `change(model)` on the model train() just built, through the check_amp seam (called with it once).
+    Rows applied earlier change it first (channels_last before compile)."""
+    check_amp = ctx.train.check_amp
+
+    def check_amp_then_change(model):
+        amp = check_amp(model)
+        change(model)
+        return amp
+
+    ctx.train.check_amp = check_amp_then_change
+
+
+def _channels_last(ctx: EngineContext) -> None:
+    _on_model(ctx, lambda model: model.to(memory_format=ctx.torch.channels_last))
+
+
+def _compile(ctx: EngineContext) -> None:
+    # nn.Module.compile compiles in place; deepcopy (the EMA, checkpoints) drops the compiled call, so the EMA
+    # and the saved .pt hold the plain model.
+    _on_model(ctx, lambda model: model.compile())
+    ctx.compile_applied = True
+
+
+def _compile_requested(ctx: EngineContext) -> str | None:
+    if not ctx.compile:
+        return "engine.compile is false"
+    if not ctx.cuda:
+        return "CUDA only: on this 2-core CPU, compiling one small conv layer took 82 s"
+    return None
+
+
+def _foreach_ema(ctx: EngineContext) -> None:
+    ctx.train.ModelEMA = foreach_model_ema(ctx.train.ModelEMA, ctx.torch)
+
+
+def _fused_optimizer(ctx: EngineContext) -> None:
+    smart_optimizer, torch = ctx.train.smart_optimizer, ctx.torch
+
+    def smart_optimizer_fused(model, name="Adam", lr=0.001, momentum=0.9, decay=1e-5):
+        plain = smart_optimizer(model, name, lr, momentum, decay)  # yolov5's groups, hyperparameters and log line
+        groups = [{k: v for k, v in group.items() if k not in ("foreach", "fused")} for group in plain.param_groups]
+        return type(plain)(groups, fused=True)
+
+    ctx.train.smart_optimizer = smart_optimizer_fused
+
+
+def _fused_supported(ctx: EngineContext) -> str | None:
+    optimizer = ctx.plan.get("optimizer", "SGD")
+    if optimizer not in ("SGD", "Adam", "AdamW"):
+        return f"torch has no fused {optimizer}"
+    return None
+
+
+def foreach_model_ema(model_ema_class, torch):
+    """yolov5's ModelEMA with update() as two multi-tensor ops over all floating tensors instead of a Python loop
+    of two kernels per tensor. The arithmetic is the same (v = v*d + (1-d)*m, in that order), so the result is
+    bit-identical on the CPU (tests/test_engine_patches.py). The state dicts are read afresh each step: validation
+    and checkpointing replace the model's and the EMA's buffers (model.half()/.float()), so a cached list would go
+    stale."""
+    de_parallel = sys.modules[model_ema_class.__module__].de_parallel
+
+    class ForeachModelEMA(model_ema_class):
+        def update(self, model):
+            self.updates += 1
+            d = self.decay(self.updates)
+            msd = de_parallel(model).state_dict()
+            pairs = [(v, msd[k].detach()) for k, v in self.ema.state_dict().items() if v.dtype.is_floating_point]
+            if pairs:
+                ema, current = (list(t) for t in zip(*pairs))
+                torch._foreach_mul_(ema, d)
+                torch._foreach_add_(ema, torch._foreach_mul(current, 1 - d))
+
+    ForeachModelEMA.__qualname__ = ForeachModelEMA.__name__ = model_ema_class.__name__
+    return ForeachModelEMA
+
+
+# --------------------------------------------------------------------------------------------- the table
+PATCHES: tuple[Patch, ...] = (
+    Patch("offline_environment", "process environment (ultralytics, torch.load, online loggers, HF hub)",
+          "yolov5/ultralytics reach the network at run time and torch >= 2.6 refuses yolov5 checkpoints; "
+          "stagedyolo.engine.offline.OFFLINE_ENV answers each place",
+          "always", "no training number changes; tests/test_pipeline_e2e.py audits that no connection is attempted",
+          _offline_environment, phase="process"),
+    Patch("numpy_trapz", "numpy.trapz", "numpy 2.4 removed np.trapz, which yolov5's metrics call at validation",
+          "numpy lacks trapz", "none: the same function under its new name (np.trapezoid)",
+          lambda ctx: compat.numpy_trapz(), _numpy_has_trapz, phase="process"),
+    Patch("pillow_getsize", "PIL.ImageFont.FreeTypeFont.getsize",
+          "Pillow 10 removed getsize, which yolov5's plot annotator calls", "Pillow lacks getsize",
+          "none: plots only", lambda ctx: compat.pillow_getsize(), _pillow_has_getsize, phase="process"),
+    Patch("atomic_save", "torch.save (yolov5's last.pt/best.pt)",
+          "a kill mid-save must leave the previous complete checkpoint, never a torn one", "always",
+          "no fsync: it cost ~0.5 s per save on this CPU, two saves an epoch", lambda ctx: compat.atomic_torch_save(),
+          phase="process"),
+    Patch("ddp_timeout", "torch.distributed.init_process_group default timeout",
+          "yolov5 passes none, so one dead rank leaves the others waiting 3 h", "launched with a DDP timeout",
+          "bounds a hang; no effect on training", _ddp_timeout, _ddp_timeout_configured, phase="process"),
+    Patch("nominal_batch", "train.py `nbs = 64`",
+          "64 images per optimizer step leaves a small dataset few steps per epoch; settable per stage",
+          "always (the default 64 is yolov5's)",
+          "demo frozen stage, 8 epochs from the demo weights, with min_warmup_iters 0: mAP50 0.58 -> 0.82 (README)",
+          NOMINAL_BATCH_EDIT, phase="source"),
+    Patch("warmup_floor", "train.py `nw = max(..., 100)`",
+          "warmup lasts at least 100 iterations whatever warmup_epochs says; settable per stage",
+          "always (the default 100 is yolov5's)", "see nominal_batch (measured together)", WARMUP_FLOOR_EDIT,
+          phase="source"),
+    Patch("sync_every_batches", "train.py progress bar `pbar.set_description` (and the NaN guard)",
+          "formatting the CUDA loss tensors every batch makes the host wait for the GPU each step",
+          "fast mode, CUDA", "GPU: open (no GPU here); on the CPU there is nothing to wait for",
+          _sync_every_batches, _cuda_only, fast_only=True, phase="source"),
+    Patch("amp_decision", "train.check_amp",
+          "check_amp may download yolov5n.pt and silently turns AMP off on failure: the plan decides AMP",
+          "always", "no download; AMP is what `amp` says (worker.decide_amp)", _amp_decision),
+    Patch("val_period", "train.validate.run (in the epoch loop)",
+          "yolov5 has no validate-every-N option and its --noval is broken in 7.0.14",
+          "always (val_period 1 validates every epoch, as yolov5)",
+          "val_period 5 vs 1, frozen stage, 10 epochs: epoch train+val 0.822x (benchmarks/results/val_period.json)",
+          _val_period),
+    Patch("patience_off", "train.parse_opt (opt.patience = 0)",
+          "early stopping would end training on an epoch val_period skipped", "always",
+          "no effect on a stage shorter than yolov5's patience of 100 epochs", _patience_off),
+    Patch("nonfinite_guard", "Callbacks on_train_batch_end (callbacks.stop_training)",
+          "a NaN/Inf loss would otherwise train on for hours", "always",
+          "stops within one batch (LOG_EVERY batches with sync_every_batches)", _nonfinite_guard),
+    Patch("fault_injection", "Callbacks on_train_batch_start/end", "tests only: inject NaN, OOM or slow batches",
+          "STAGEDYOLO_TEST_FAULT set", "tests only", _fault_injection, _fault_requested),
+    Patch("nondeterministic", "train.init_seeds(..., deterministic=True)",
+          "it turns on torch.use_deterministic_algorithms and cudnn.deterministic and leaves cudnn.benchmark off",
+          "fast mode, CUDA", "GPU: open (no GPU here)", _nondeterministic, _cuda_only, fast_only=True),
+    Patch("channels_last", "the model's memory format (at train.check_amp, once the model is built)",
+          "NHWC convolutions use tensor cores without transposes", "fast mode, CUDA", "GPU: open (no GPU here)",
+          _channels_last, _cuda_only, fast_only=True),
+    Patch("compile", "the model's forward (nn.Module.compile, at train.check_amp)",
+          "fuses the many small kernels of a YOLOv5 step; compile time goes to timing.json",
+          "fast mode, engine.compile: true, CUDA", "GPU: open (no GPU here)", _compile, _compile_requested,
+          fast_only=True),
+    Patch("foreach_ema", "train.ModelEMA.update",
+          "it walks the state dict in Python, two kernels per tensor, every step",
+          "fast mode",
+          "CPU (yolov5n, 128 px, batch 16): the update 36.6 -> 35.9 ms (1.02x, 0.1 % of a step); whole stages "
+          "0.97x (0.83-1.21, within the shared machine's noise); final mAP50 unchanged. GPU: open "
+          "(benchmarks/results/engine_speed.json)", _foreach_ema,
+          fast_only=True),
+    Patch("fused_optimizer", "train.smart_optimizer (fused=True, same groups and hyperparameters)",
+          "torch's default optimizer step loops over parameters in Python on the CPU (foreach on CUDA); fused is one "
+          "kernel",
+          "fast mode, SGD/Adam/AdamW",
+          "CPU (yolov5n, 128 px, batch 16, AdamW): the step 57.4 -> 15.7 ms (3.66x, 4.3 % of a forward+backward); "
+          "whole stages 1.29x (1.01-1.43); final mAP50 unchanged. GPU: open (benchmarks/results/engine_speed.json)",
+          _fused_optimizer, _fused_supported, fast_only=True),
+)  # fmt: skip
+
+PHASES = ("process", "source", "module")
+SKIPPABLE = tuple(p.name for p in PATCHES if p.fast_only)
+
+
+def engine_settings(plan: dict) -> dict:
+    """EngineContext's mode, compile and skip from a plan's `engine` entry (a plan without one: the defaults)."""
+    engine = plan.get("engine") or {}
+    return {"mode": engine.get("mode", DEFAULT_MODE), "compile": bool(engine.get("compile", False)),
+            "skip": frozenset(engine.get("skip_patches", ()))}  # fmt: skip
+
+
+def skip_reason(patch: Patch, ctx: EngineContext) -> str | None:
+    """None when the row applies to this stage, else why not."""
+    if patch.fast_only and ctx.mode != "fast":
+        return f"engine mode {ctx.mode}"
+    if patch.name in ctx.skip:
+        return "engine.skip_patches names it"
+    return patch.when(ctx)
+
+
+def apply_patches(ctx: EngineContext) -> list[dict]:
+    """Apply the table to this process, in order; loads yolov5's train module into ctx.train. Returns one record
+    per row: {name, applied, reason} (reason: the guard that held, or why the row did not apply)."""
+    report = []
+    for phase in PHASES:
+        if phase == "module":
+            ctx.train = load_train(ctx.source_edits, ctx.module_names)
+        for patch in (p for p in PATCHES if p.phase == phase):
+            reason = skip_reason(patch, ctx)
+            if reason is None:
+                patch.apply(ctx)
+            report.append({"name": patch.name, "applied": reason is None, "reason": reason or patch.guard})
+    return report
+
+
+def compile_seconds(torch) -> dict:
+    """torch.compile's own record of its compile time (dynamo's totals), for timing.json."""
+    try:
+        names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+        times = dict(zip(names, (float(v) for v in values)))
+    except Exception as error:  # private API: report why, never break a finished stage
+        return {"compile_s": None, "reason": f"torch._dynamo.utils.compile_times failed: {error!r}"}
+    total = times.get("_compile.compile_inner", 0.0) + times.get("backward._backward_impl", 0.0)
+    return {"compile_s": round(total, 3), "reason": "dynamo compile_inner + backward compile totals"}
+
+
+# --------------------------------------------------------------------------------------------- docs
+DOC_BEGIN = "<!-- patches table: generated by `python -m stagedyolo.engine.patches`; do not edit by hand -->"
+DOC_END = "<!-- end of patches table -->"
+
+
+def markdown_table() -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [DOC_BEGIN, "", "| # | row | modes | target | reason | guard | measured effect |",
+             "|---:|---|---|---|---|---|---|"]  # fmt: skip
+    for i, p in enumerate(PATCHES, 1):
+        modes = "fast" if p.fast_only else "fast, reproducible"
+        lines.append(f"| {i} | `{p.name}` | {modes} | {cell(p.target)} | {cell(p.reason)} | {cell(p.guard)} | "
+                     f"{cell(p.effect)} |")  # fmt: skip
+    return "\n".join([*lines, "", DOC_END])
+
+
+def docs_with_table(text: str) -> str:
+    head, _, rest = text.partition(DOC_BEGIN)
+    _, _, tail = rest.partition(DOC_END)
+    return head + markdown_table() + tail
+
+
+if __name__ == "__main__":  # rewrite docs/engine.md's table from PATCHES
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
+    doc.write_text(docs_with_table(doc.read_text()))
+    print(f"wrote {doc}")

@@ -1,0 +1,196 @@
+"""The patch table (stagedyolo.engine.patches): reproducible mode trains bit-identically to yolov5's own train.py,
+fast mode's rows do what they say, and docs/engine.md lists exactly the table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.engine import patches
+from stagedyolo.engine.offline import engine_environment
+from stagedyolo.engine.patches import PATCHES, EngineContext, skip_reason
+from stagedyolo.jsonio import write_json
+from stagedyolo.stage import build_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = {
+    "epochs": 2, "img": 64, "batch": 4, "workers": 0, "freeze": 0, "lr0": 0.01, "optimizer": "SGD", "hyp": {},
+    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
+    "nosave": True, "lr_scaling": "none", "nominal_batch": 64, "min_warmup_iters": 100,
+}  # fmt: skip
+
+
+def ctx_for(mode="fast", device="cpu", **kw):
+    plan = {"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100, **kw.pop("plan", {})}
+    return EngineContext(plan, device, False, None, mode=mode, **kw)
+
+
+def applied(ctx):
+    return [p.name for p in PATCHES if skip_reason(p, ctx) is None]
+
+
+def test_docs_list_exactly_the_table():
+    doc = (ROOT / "docs" / "engine.md").read_text()
+    assert patches.markdown_table() in doc, "docs/engine.md is stale: run python -m stagedyolo.engine.patches"
+    assert len({p.name for p in PATCHES}) == len(PATCHES)
+
+
+def test_schema_offers_the_table_modes_and_skippable_rows():
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    engine = schema["properties"]["engine"]["properties"]
+    assert tuple(engine["mode"]["enum"]) == patches.MODES and engine["mode"]["default"] == patches.DEFAULT_MODE
+    assert tuple(engine["skip_patches"]["items"]["enum"]) == patches.SKIPPABLE
+    assert schema["$defs"]["stage"]["properties"]["engine_mode"]["enum"] == [*patches.MODES, None]
+
+
+def test_reproducible_applies_no_fast_row_and_fast_on_cpu_only_the_cpu_rows():
+    reproducible = applied(ctx_for("reproducible"))
+    assert not {p.name for p in PATCHES if p.fast_only} & set(reproducible)
+    assert set(applied(ctx_for("fast"))) - set(reproducible) == {"foreach_ema", "fused_optimizer"}
+    on_cuda = set(applied(ctx_for("fast", device="", compile=True))) - set(reproducible)
+    assert on_cuda == {"sync_every_batches", "nondeterministic", "channels_last", "compile", "foreach_ema",
+                       "fused_optimizer"}  # fmt: skip
+    assert "compile" not in applied(ctx_for("fast", device=""))  # its own switch, off by default
+    skipped = ctx_for("fast", skip=frozenset({"foreach_ema"}))
+    assert "foreach_ema" not in applied(skipped)
+    assert skip_reason(PATCHES[[p.name for p in PATCHES].index("channels_last")], ctx_for()) == (
+        "CUDA only: the stage runs on the CPU")
+
+
+def test_a_stage_engine_mode_overrides_the_run_and_reaches_the_plan(tmp_path):
+    from stagedyolo.engine.plan import stage_spec
+
+    config = {"device": "cpu", "engine": {"mode": "fast", "skip_patches": ["fused_optimizer"]},
+              "stage_defaults": {"engine_mode": None}, "stages": {"a": {}, "b": {"engine_mode": "reproducible"}}}  # fmt: skip
+    assert stage_spec(config, "a")["engine"] == {"mode": "fast", "compile": False, "skip_patches": ["fused_optimizer"]}
+    spec = {**SPEC, "engine": stage_spec(config, "b")["engine"]}
+    plan = build_plan(spec, stage="b", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
+                      threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    assert plan["engine"]["mode"] == "reproducible"
+
+
+def _yolov5n():
+    from yolov5.models.yolo import Model
+
+    torch.manual_seed(0)
+    return Model(_cfg(), ch=3, nc=2)
+
+
+def _cfg():
+    from stagedyolo.engine.plan import yolov5_dir
+
+    return str(yolov5_dir() / "models" / "yolov5n.yaml")
+
+
+def test_foreach_ema_matches_yolov5s_update_bit_for_bit():
+    from yolov5.utils.torch_utils import ModelEMA
+
+    model = _yolov5n()
+    plain, fast = ModelEMA(model), patches.foreach_model_ema(ModelEMA, torch)(model)
+    for step in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+        model(torch.rand(2, 3, 64, 64))  # train mode: BatchNorm running stats (buffers) move too
+        plain.update(model)
+        fast.update(model)
+    for (name, a), b in zip(plain.ema.state_dict().items(), fast.ema.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert fast.updates == plain.updates == 3
+
+
+def test_fused_optimizer_keeps_yolov5s_groups_and_hyperparameters():
+    from yolov5.utils.torch_utils import smart_optimizer
+
+    model = _yolov5n()
+    ctx = ctx_for(torch=torch)
+    ctx.train = SimpleNamespace(smart_optimizer=smart_optimizer)
+    patches._fused_optimizer(ctx)
+    plain = smart_optimizer(model, "SGD", 0.01, 0.9, 5e-4)
+    fused = ctx.train.smart_optimizer(model, "SGD", 0.01, 0.9, 5e-4)
+    assert type(fused) is type(plain) and len(fused.param_groups) == len(plain.param_groups) == 3
+    for a, b in zip(plain.param_groups, fused.param_groups):
+        assert b["fused"] is True
+        assert {k: v for k, v in a.items() if k not in ("fused", "foreach")} == {
+            k: v for k, v in b.items() if k not in ("fused", "foreach")}
+
+
+def test_cuda_rows_change_seeding_memory_format_and_compile_through_their_seams():
+    calls = []
+    cudnn = SimpleNamespace(benchmark=False)
+    fake_torch = SimpleNamespace(backends=SimpleNamespace(cudnn=cudnn), channels_last="NHWC")
+    train = SimpleNamespace(init_seeds=lambda seed, deterministic=False: calls.append(("seed", seed, deterministic)),
+                            check_amp=lambda model: calls.append("check_amp") or True)  # fmt: skip
+    ctx = ctx_for(device="", compile=True, torch=fake_torch)
+    ctx.train = train
+    for name in ("nondeterministic", "channels_last", "compile"):
+        PATCHES[[p.name for p in PATCHES].index(name)].apply(ctx)
+    train.init_seeds(7, deterministic=True)
+    assert calls == [("seed", 7, False)] and cudnn.benchmark is True
+
+    model = SimpleNamespace(to=lambda memory_format: calls.append(("to", memory_format)),
+                            compile=lambda: calls.append("compile"))  # fmt: skip
+    assert train.check_amp(model) is True
+    assert calls[1:] == ["check_amp", ("to", "NHWC"), "compile"] and ctx.compile_applied
+
+
+def _loss_trace(kind: str, plan: dict, tmp_path: Path, name: str) -> list:
+    plan = {**plan, "work_dir": str(tmp_path / "work" / name), "attempt": 1, "resume_from": None}
+    Path(plan["work_dir"]).mkdir(parents=True)
+    write_json(Path(plan["work_dir"]) / "plan.json", plan)
+    env = {**engine_environment(tmp_path / "engine"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "loss_trace.py"), kind,
+                           str(Path(plan["work_dir"]) / "plan.json"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    steps = json.loads(out.read_text())
+    assert len(steps) == 8  # 16 images / batch 4, 2 epochs
+    return steps
+
+
+def test_reproducible_mode_trains_bit_identically_to_yolov5_and_fast_mode_closely(tmp_path):
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
+    plan = build_plan({**SPEC, "engine": {"mode": "reproducible", "compile": False, "skip_patches": []}}, stage="s",
+                      data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
+                      work_dir=tmp_path / "unused")  # fmt: skip
+    bare = _loss_trace("bare", plan, tmp_path, "bare")
+    reproducible = _loss_trace("worker", plan, tmp_path, "reproducible")
+    assert reproducible == bare  # exact floats, every step
+    outcome = json.loads((tmp_path / "work" / "reproducible" / "outcome.json").read_text())
+    assert outcome["engine_mode"] == "reproducible"
+    assert not {p["name"] for p in outcome["patches"] if p["applied"]} & set(patches.SKIPPABLE)
+
+    fast_plan = {**plan, "engine": {"mode": "fast", "compile": False, "skip_patches": []}}
+    fast = _loss_trace("worker", fast_plan, tmp_path, "fast")
+    outcome = json.loads((tmp_path / "work" / "fast" / "outcome.json").read_text())
+    assert {p["name"] for p in outcome["patches"] if p["applied"]} >= {"foreach_ema", "fused_optimizer"}
+    # The CPU's fast rows: foreach EMA (the same arithmetic) and the fused optimizer (its own kernel): close, and
+    # not required to be identical.
+    assert sum(fast, []) == pytest.approx(sum(bare, []), rel=1e-3)
+
+
+def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
+    """The CUDA-only sync_every_batches edit included: a train.py it does not fit must fail here, not on a GPU."""
+    import importlib.util
+
+    from stagedyolo.engine.train_module import patched_source
+
+    ctx = ctx_for(device="")
+    for patch in (p for p in PATCHES if p.phase == "source"):
+        assert skip_reason(patch, ctx) is None, patch.name
+        patch.apply(ctx)
+    assert len(ctx.source_edits) == 3 and ctx.log_every == patches.LOG_EVERY
+    source = Path(importlib.util.find_spec("yolov5.train").origin).read_text()
+    edited = patched_source(source, ctx.source_edits)
+    compile(edited, "train.py", "exec")
+    assert "if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(" in edited
+    assert set(ctx.module_names) == {"_STAGEDYOLO_NOMINAL_BATCH", "_STAGEDYOLO_MIN_WARMUP_ITERS", "_STAGEDYOLO_LOG_EVERY"}
