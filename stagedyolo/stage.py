@@ -39,9 +39,10 @@ class StageFailed(RuntimeError):
 
 
 def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
-               work_dir: Path, probe_choice: dict | None = None) -> dict:  # fmt: skip
+               work_dir: Path, probe_choice: dict | None = None, image_store: str | None = None) -> dict:  # fmt: skip
     """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
-    with at most one slash to the Hugging Face hub, even when the file exists."""
+    with at most one slash to the Hugging Face hub, even when the file exists. ``image_store``: the working copy
+    whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode."""
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
@@ -66,6 +67,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "nominal_batch": nominal_batch,
         "min_warmup_iters": min_warmup_iters,
         "cache": None if cache == "none" else cache,
+        "image_store": image_store if cache == "ram" else None,
         "amp": probe_choice["amp"] if spec["amp"] == "auto" and "amp" in probe_choice else spec["amp"],
         "amp_source": "probe" if spec["amp"] == "auto" and "amp" in probe_choice else "config",
         "device": str(spec["device"]),
@@ -91,13 +93,15 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     """
     stage_dir = Path(timing_path).parent
     run_dir = stage_dir.parent.parent
+    decision = read_json(Path(cache_decision))
     plan = build_plan(
         stage_spec(config, stage),
         stage=stage,
         data=data,
         weights=weights[0] if weights else None,
         cfg=config["model"]["cfg"],
-        cache_mode=read_json(Path(cache_decision))["mode"],
+        cache_mode=decision["mode"],
+        image_store=(decision.get("store") or {}).get("root"),
         threads=threads,
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
@@ -186,6 +190,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
             "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
+            "image_cache": outcome.get("image_cache"),
             **outcome.get("sampler", {}),
         },
     )  # fmt: skip

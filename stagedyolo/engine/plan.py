@@ -77,6 +77,14 @@ def stage_spec(config: dict, stage: str) -> dict:
     return spec
 
 
+def image_store_sizes(config: dict) -> list[int]:
+    """Image sizes of the stages whose cache may be ram (auto or ram); [] when cache.prebuild_ram is off."""
+    if not config["cache"].get("prebuild_ram", True):
+        return []
+    specs = [stage_spec(config, stage) for stage in stage_names(config)]
+    return sorted({spec["img"] for spec in specs if spec["cache"] in ("auto", "ram")})
+
+
 # The stage keys the probe decides when a stage leaves them at `auto`.
 PROBED_KEYS = ("workers", "batch", "amp")
 

@@ -15,6 +15,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from stagedyolo.dataset.image_store import serve_ram_cache
 from stagedyolo.engine import compat
 from stagedyolo.engine.hooks import (
     FaultInjection,
@@ -69,6 +70,9 @@ def main(plan_path: str) -> int:
     faults = FaultInjection.from_env(plan["attempt"])
     if faults:
         register(faults, callbacks)
+    image_cache: list[dict] = []
+    if plan.get("cache") == "ram":  # served from the run's prebuilt store when there is one; timed either way
+        serve_ram_cache(plan.get("image_store"), image_cache)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
 
@@ -87,6 +91,7 @@ def main(plan_path: str) -> int:
         if REPORTING_RANK:
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
+            outcome["image_cache"] = image_cache
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
