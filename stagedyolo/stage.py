@@ -94,27 +94,33 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     stage_dir = Path(timing_path).parent
     run_dir = stage_dir.parent.parent
     decision = read_json(Path(cache_decision))
-    plan = build_plan(
-        stage_spec(config, stage),
-        stage=stage,
-        data=data,
-        weights=weights[0] if weights else None,
-        cfg=config["model"]["cfg"],
-        cache_mode=decision["mode"],
-        image_store=(decision.get("store") or {}).get("root"),
-        threads=threads,
-        work_dir=Path(run_dir) / "work" / stage,
-        probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
-    )
+    spec = stage_spec(config, stage)
+    settings = dict(stage=stage, data=data, weights=weights[0] if weights else None, cfg=config["model"]["cfg"],
+                    cache_mode=decision["mode"], threads=threads, work_dir=Path(run_dir) / "work" / stage,
+                    probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
+                    image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+
+    def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
+        return build_plan({**spec, **changes}, **settings)
+
     engine_home = Path(run_dir) / "engine"
-    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
-                     telemetry_interval=config["telemetry"]["interval_s"],
-                     warm=warm_start_for(config.get("engine"), engine_home))  # fmt: skip
+    plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
+    if spec.get("tune"):
+        from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
+
+        plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
+                                window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+    outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
+                        telemetry_interval=config["telemetry"]["interval_s"],
+                        warm=warm_start_for(config.get("engine"), engine_home), tune=tune)  # fmt: skip
+    shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
+    return outcome
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0, warm: WarmStart | None = None) -> dict:  # fmt: skip
+              telemetry_interval: float = 1.0, warm: WarmStart | None = None, tune: dict | None = None) -> dict:  # fmt: skip
     """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
+    ``tune``: the record of the tune trials that chose this plan, published with the stage.
 
     ``warm``: fork the worker from the warm server (a single-process stage only; torchrun ranks start cold).
     """
@@ -135,7 +141,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
                   f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
         log.flush()
-        returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval, warm)
+        returncode, sampler_info = launch_worker(plan, env, log, work_dir, telemetry_interval, warm)
     wall = time.time() - started
     outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
     outcome["sampler"] = sampler_info
@@ -150,7 +156,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
     write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
-    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall)
+    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall, tune)
     with open(log_path, "a") as log:
         log.write(verdict + "\n")
     print(verdict, file=sys.stderr)
@@ -163,9 +169,11 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
     return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
 
 
-def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float) -> str:
+def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
+            tune: dict | None = None) -> str:  # fmt: skip
     """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
-    then drop the work folder. Returns the stage's one-line verdict."""
+    then drop the work folder. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune),
+    kept in stage.json and timing.json."""
     (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
     for name in ("last.pt", "best.pt"):
         if (work_dir / "weights" / name).exists():
@@ -176,24 +184,12 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             shutil.copy2(path, stage_dir / path.name)
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
-              "attempts": attempts}  # fmt: skip
+              "attempts": attempts, "tune": tune}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
-    timing = build_timing(
-        read_json(work_dir / "timing_raw.json"),
-        telemetry_csv=stage_dir / "telemetry.csv",
-        wall_s=wall,
-        meta={
-            "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
-            "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
-            "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
-            "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-            "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
-            "image_cache": outcome.get("image_cache"),
-            **outcome.get("sampler", {}),
-        },
-    )  # fmt: skip
+    timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=stage_dir / "telemetry.csv",
+                          wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
     write_timing(stage_dir, timing)
     findings = diagnose(timing)
     write_diagnosis(stage_dir, findings)
@@ -201,7 +197,19 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     return verdict_line(plan["stage"], findings)
 
 
-def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float,
+def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
+    """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
+    return {
+        "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
+        "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
+        "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
+        "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
+        "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
+        "image_cache": outcome.get("image_cache"), **outcome.get("sampler", {}),
+    }  # fmt: skip
+
+
+def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float,
             warm: WarmStart | None) -> tuple[int, dict]:  # fmt: skip
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"

@@ -18,7 +18,7 @@ import yaml
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
     "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters",
+    "min_warmup_iters", "tune",
 )  # fmt: skip
 
 # Smallest batch the out-of-memory retry halves down to.

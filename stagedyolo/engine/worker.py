@@ -24,6 +24,7 @@ from stagedyolo.engine.hooks import (
     register,
 )
 from stagedyolo.engine.train_module import load_train
+from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
 from stagedyolo.launch.warm import REQUESTED_AT_ENV
@@ -67,6 +68,9 @@ def main(plan_path: str) -> int:
     register(schedule, callbacks)
     guard = NonFiniteLossGuard(plan["stage"], plan["hyp"]["lr0"])
     guard.attach(callbacks)
+    window = TrialWindow.from_plan(plan)  # a tune trial: time the steady batches, then stop (stagedyolo.tune)
+    if window:
+        window.attach(callbacks)
     faults = FaultInjection.from_env(plan["attempt"])
     if faults:
         register(faults, callbacks)
@@ -92,6 +96,8 @@ def main(plan_path: str) -> int:
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
             outcome["image_cache"] = image_cache
+            if window:
+                outcome["trial"] = window.result()
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
