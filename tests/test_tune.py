@@ -14,16 +14,12 @@ import pytest
 from stagedyolo import tune
 from stagedyolo.dataset.cache import cache_dataset
 from stagedyolo.dataset.staging import stage_dataset
+from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import build_plan, run_stage
 
-HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}
-SPEC = {
-    "epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": HEAVY_AUGMENTATION, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+SPEC = LOADER_BOUND_SPEC
 WINDOW = {"warmup_batches": 3, "measure_batches": 8}
 
 
