@@ -414,6 +414,11 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
                     skipped.append({"code": "periodic_stalls", "reason": (
                         f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
                         f"already validates only {validations(now, epochs)} time(s), the last of which always runs")})
+            if "checkpoint" in over and cfg.get("nosave") is True:  # advice it already follows saves nothing
+                over.remove("checkpoint")
+                skipped.append({"code": "periodic_stalls", "reason": (
+                    f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
+                    "on (the one save at the end remains)")})
             if "checkpoint" in over:
                 changes["checkpoint"] = (f"stages.{stage}.nosave: true  (only last.pt, at the end: a stage killed "
                                          "mid-way then restarts instead of resuming)")

@@ -217,3 +217,12 @@ def test_cli_diagnose(tmp_path, capsys):
     assert d["findings"][0]["change"] == "stages.s2.cache: ram"
     assert (tmp_path / "diagnosis.md").exists()
     assert main(["diagnose", str(tmp_path / "nope")]) == 2
+
+
+def test_no_nosave_advice_for_a_stage_that_already_has_it():
+    eps = [ep(i, ckpt=2.0) for i in range(4)]
+    t = timing(epochs=eps)
+    assert diagnose(t)[0]["change"].startswith("stages.fine.nosave: true")
+    t["config"]["nosave"] = True
+    f = diagnose(t)
+    assert codes(f) == ["healthy"] and any("already on" in n["reason"] for n in f.not_evaluated)

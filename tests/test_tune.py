@@ -126,3 +126,38 @@ def test_the_warm_up_covers_the_loaders_prefetched_batches(tmp_path):
     plan = tune.trial_plan(make_plan({"workers": 4}), tmp_path, WINDOW)
     assert plan["trial"] == {"warmup_batches": 8, "measure_batches": 8}
     assert plan["nosave"] and plan["val_period"] == plan["epochs"] == tune.TRIAL_EPOCHS
+
+
+def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_path):
+    """Wiring only: train_stage hands tune the stage's planner and trains with (and publishes) what tune kept."""
+    import yaml
+
+    import stagedyolo.stage as stage_module
+    from stagedyolo.jsonio import write_json
+
+    config = yaml.safe_load(open("config/config.yaml"))
+    config["stages"]["frozen"]["tune"] = True
+    write_json(tmp_path / "cache.json", {"mode": "ram", "store": {"root": str(tmp_path / "copy")}})
+    seen = {}
+
+    def fake_tune(make_plan, *, tune_dir, window, **kwargs):
+        seen["window"], seen["image_store"] = window, make_plan({})["image_store"]
+        (tune_dir / "baseline").mkdir(parents=True)
+        return make_plan({"workers": 1}), {"kept": {"workers": 1}, "seconds": 1.0}
+
+    def fake_run_stage(plan, **kwargs):
+        seen["workers"], seen["tune"] = plan["workers"], kwargs["tune"]
+        return {"status": "ok"}
+
+    monkeypatch.setattr(tune, "tune_stage", fake_tune)
+    monkeypatch.setattr(stage_module, "run_stage", fake_run_stage)
+    timing = tmp_path / "run" / "stages" / "frozen" / "timing.json"
+    kwargs = dict(data=str(tmp_path / "data.yaml"), cache_decision=str(tmp_path / "cache.json"), weights=[], probe=[],
+                  timing_path=str(timing), threads=2, attempt=1, log_path=str(tmp_path / "log"))  # fmt: skip
+    stage_module.train_stage(config, "frozen", **kwargs)
+    assert seen == {"window": config["tune"], "image_store": str(tmp_path / "copy"), "workers": 1,
+                    "tune": {"kept": {"workers": 1}, "seconds": 1.0}}  # fmt: skip
+    assert not (tmp_path / "run" / "work" / "frozen.tune").exists()  # removed once the stage is published
+    seen.clear()
+    stage_module.train_stage(config, "smoke", **kwargs)  # tune: false (stage_defaults)
+    assert seen["tune"] is None and "window" not in seen
