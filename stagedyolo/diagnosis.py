@@ -235,6 +235,100 @@ def _loop(t):
     return tot, sum(tot.values())
 
 
+def _batch_or_host(found, skipped, stage, *, rates, util_p50, mem_share, batch, nominal, gpus, dws, train_frac):
+    """GPU idle while the loader keeps up: a bigger batch when a measurement showed it faster (batch_too_small),
+    else the host-bound class, whose tune candidate is that bigger batch."""
+    low_util = util_p50 < T("gpu_util_low_pct")
+    headroom = (mem_share is not None and mem_share < T("memory_headroom_share")
+                and util_p50 < T("gpu_util_busy_pct") and batch < nominal)
+    nb = _bigger_batch(batch, mem_share, nominal, gpus, cap_at_nominal=headroom and not low_util)
+    idle_share = (1 - util_p50 / 100) * train_frac
+    support = _batch_support(rates, batch)
+    if support:
+        nb, speedup, source = support
+        found.append(_finding("batch_too_small", {
+            "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
+            "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
+            "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
+            "batch": _ev(batch, nominal, "info")},
+            f"stages.{stage}.batch: {nb}", f"batch {nb} measured {speedup:.2f}x the images/s of batch {batch} ({source})",
+            addressable_share=idle_share, key_metric="measured_speedup",
+            gain=_gain(speedup, basis=f"measured: batch {nb} vs {batch}", measured_by=source)))
+        return
+    if (low_util or headroom) and nb > batch:
+        skipped.append({"code": "batch_too_small", "reason": (
+            f"GPU util p50 {util_p50:.0f} %, but no measurement shows a bigger batch faster; "
+            f"stages.{stage}.tune: true measures batch {nb} before advising it")})
+    if not low_util or dws is None:
+        return
+    step_share = 1 - dws  # the main process is inside its own step the rest of the time
+    found.append(_finding("host_bound_step", {
+        "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<"),
+        "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
+        "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
+        "batch": _ev(batch, nominal, "info")},
+        f"stages.{stage}.tune: true",
+        f"the GPU idles {100 - util_p50:.0f} % of the time while the main process spends "
+        f"{100 * step_share:.0f} % of it inside its own step: the host side of the step (Python, kernel "
+        "launches, syncs; yolov5's deterministic mode, EMA update) sets the pace. More workers do not help, "
+        "and a bigger batch only if a measurement says so" + (f": tune measures batch {nb}" if nb > batch else ""),
+        also=[f"measure stages.{stage}.batch: {nb} (tune) before using it"] if nb > batch else [],
+        addressable_share=idle_share,
+        gain=_gain(None, idle_share, "upper bound: the GPU's idle share of training; no config change is known to "
+                   "recover it"),
+        candidate={"batch": nb} if nb > batch else None))
+
+
+def _periodic_stalls(found, skipped, stage, t, tot, loop):
+    """Validation, checkpoint or logging over their share of the epoch loop; advice only where it saves time."""
+    cfg = t["config"]
+    shares = {k: tot[f"{k}_s"] / loop for k in ("val", "checkpoint", "logging")}
+    over = [k for k in ("val", "checkpoint", "logging") if shares[k] > T(f"{k}_share")]
+    if not over:
+        return
+    changes, saves = {}, dict(shares)
+    eps = t["epochs"]
+    validated = [e for e in eps if e.get("validated")] or eps
+    v = sum(e["val_s"] for e in validated) / len(validated)
+    rest = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in eps) / len(eps)
+    epochs = _int(cfg.get("epochs")) or len(eps)
+    if "val" in over:
+        now = _int(cfg.get("val_period")) or 1
+        n = _better_val_period(v, rest, epochs, now)
+        # measured: the validations the new period skips, at this stage's mean validation time
+        saves["val"] = (validations(now, epochs) - validations(n, epochs)) * v / loop if n else 0.0
+        if saves["val"] > 0:
+            changes["val"] = f"stages.{stage}.val_period: {n}"
+        else:
+            over.remove("val")
+            skipped.append({"code": "periodic_stalls", "reason": (
+                f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
+                f"already validates only {validations(now, epochs)} time(s), the last of which always runs")})
+    if "checkpoint" in over and cfg.get("nosave") is True:  # advice it already follows saves nothing
+        over.remove("checkpoint")
+        skipped.append({"code": "periodic_stalls", "reason": (
+            f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
+            "on (the one save at the end remains)")})
+    if "checkpoint" in over:
+        changes["checkpoint"] = (f"stages.{stage}.nosave: true  (only last.pt, at the end: a stage killed "
+                                 "mid-way then restarts instead of resuming)")
+    if "logging" in over:
+        changes["logging"] = (f"stages.{stage}.plots: false" if cfg.get("plots") is not False else
+                              "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml "
+                              "(e.g. WANDB_MODE=disabled)")
+    if not over:
+        return
+    worst = max(over, key=lambda k: shares[k])
+    ev = {f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in over else "<=")
+          for k in ("val", "checkpoint", "logging")}
+    found.append(_finding("periodic_stalls", ev, changes[worst],
+                          f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop",
+                          also=[changes[k] for k in over if k != worst],
+                          addressable_share=sum(shares[k] for k in over), key_metric=f"{worst}_share",
+                          gain=_gain(None, saves[worst], f"measured {worst} share of the epoch loop, "
+                                     "times the share of it the change removes")))
+
+
 def diagnose(timing: dict, stage: str | None = None, measured: dict | None = None) -> Findings:
     """Classify a timing dict (timing.json). Returns Findings, most important first; [healthy] when none fire.
 
@@ -349,93 +443,15 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
     elif util_p50 is None:
         skipped.append({"code": "batch_too_small", "reason": "no GPU utilisation samples"})
     elif not data_bound and batch:
-        low_util = util_p50 < T("gpu_util_low_pct")
-        headroom = (mem_share is not None and mem_share < T("memory_headroom_share")
-                    and util_p50 < T("gpu_util_busy_pct") and batch < nominal)
-        nb = _bigger_batch(batch, mem_share, nominal, gpus, cap_at_nominal=headroom and not low_util)
-        rates = measured_batch_rates(t, measured)
-        support = _batch_support(rates, batch)
-        if support:
-            nb, speedup, source = support
-            found.append(_finding("batch_too_small", {
-                "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
-                "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
-                "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-                "batch": _ev(batch, nominal, "info")},
-                f"stages.{stage}.batch: {nb}",
-                f"batch {nb} measured {speedup:.2f}x the images/s of batch {batch} ({source})",
-                addressable_share=(1 - util_p50 / 100) * (train_frac or 1.0), key_metric="measured_speedup",
-                gain=_gain(speedup, basis=f"measured: batch {nb} vs {batch}", measured_by=source)))
-        elif (low_util or headroom) and nb > batch:
-            skipped.append({"code": "batch_too_small", "reason": (
-                f"GPU util p50 {util_p50:.0f} %, but no measurement shows a bigger batch faster; "
-                f"stages.{stage}.tune: true measures batch {nb} before advising it")})
-        if low_util and dws is not None and not support:
-            step_share = 1 - dws  # the main process is inside its own step the rest of the time
-            found.append(_finding("host_bound_step", {
-                "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<"),
-                "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
-                "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-                "batch": _ev(batch, nominal, "info")},
-                f"stages.{stage}.tune: true",
-                f"the GPU idles {100 - util_p50:.0f} % of the time while the main process spends "
-                f"{100 * step_share:.0f} % of it inside its own step: the host side of the step (Python, kernel "
-                "launches, syncs; yolov5's deterministic mode, EMA update) sets the pace. More workers do not help, "
-                "and a bigger batch only if a measurement says so" + (f": tune measures batch {nb}" if nb > batch else ""),
-                also=[f"measure stages.{stage}.batch: {nb} (tune) before using it"] if nb > batch else [],
-                addressable_share=(1 - util_p50 / 100) * (train_frac or 1.0),
-                gain=_gain(None, (1 - util_p50 / 100) * (train_frac or 1.0),
-                           "upper bound: the GPU's idle share of training; no config change is known to recover it"),
-                candidate={"batch": nb} if nb > batch else None))
+        _batch_or_host(found, skipped, stage, rates=measured_batch_rates(t, measured), util_p50=util_p50,
+                       mem_share=mem_share, batch=batch, nominal=nominal, gpus=gpus, dws=dws,
+                       train_frac=train_frac or 1.0)  # fmt: skip
 
     # 4 periodic stalls ------------------------------------------------------------------------------------
     if loop <= 0:
         skipped.append({"code": "periodic_stalls", "reason": "no epoch timings"})
     else:
-        shares = {k: tot[f"{k}_s"] / loop for k in ("val", "checkpoint", "logging")}
-        over = [k for k in ("val", "checkpoint", "logging") if shares[k] > T(f"{k}_share")]
-        if over:
-            changes = {}
-            eps = t["epochs"]
-            validated = [e for e in eps if e.get("validated")] or eps
-            v = sum(e["val_s"] for e in validated) / len(validated)
-            rest = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in eps) / len(eps)
-            epochs = _int(cfg.get("epochs")) or len(eps)
-            saves = {k: shares[k] for k in over}
-            if "val" in over:
-                now = _int(cfg.get("val_period")) or 1
-                n = _better_val_period(v, rest, epochs, now)
-                # measured: the validations the new period skips, at this stage's mean validation time
-                saves["val"] = (validations(now, epochs) - validations(n, epochs)) * v / loop if n else 0.0
-                if saves["val"] > 0:
-                    changes["val"] = f"stages.{stage}.val_period: {n}"
-                else:
-                    over.remove("val")
-                    skipped.append({"code": "periodic_stalls", "reason": (
-                        f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
-                        f"already validates only {validations(now, epochs)} time(s), the last of which always runs")})
-            if "checkpoint" in over and cfg.get("nosave") is True:  # advice it already follows saves nothing
-                over.remove("checkpoint")
-                skipped.append({"code": "periodic_stalls", "reason": (
-                    f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
-                    "on (the one save at the end remains)")})
-            if "checkpoint" in over:
-                changes["checkpoint"] = (f"stages.{stage}.nosave: true  (only last.pt, at the end: a stage killed "
-                                         "mid-way then restarts instead of resuming)")
-            if "logging" in over:
-                changes["logging"] = (f"stages.{stage}.plots: false" if cfg.get("plots") is not False else
-                                      "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml "
-                                      "(e.g. WANDB_MODE=disabled)")
-        if over:
-            worst = max(over, key=lambda k: shares[k])
-            ev = {f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in over else "<=")
-                  for k in ("val", "checkpoint", "logging")}
-            found.append(_finding("periodic_stalls", ev, changes[worst],
-                                  f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop",
-                                  also=[changes[k] for k in over if k != worst],
-                                  addressable_share=sum(shares[k] for k in over), key_metric=f"{worst}_share",
-                                  gain=_gain(None, saves[worst], f"measured {worst} share of the epoch loop, "
-                                             "times the share of it the change removes")))
+        _periodic_stalls(found, skipped, stage, t, tot, loop)
 
     # 5 slow first epoch -----------------------------------------------------------------------------------
     feo = _num(t.get("first_epoch_overhead"))
