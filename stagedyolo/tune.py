@@ -82,7 +82,7 @@ def top_candidate(timing: dict, stage: str) -> tuple[dict | None, dict | None]:
         if f.get("candidate"):
             return dict(f["candidate"]), {"code": f["code"], "change": f["change"],
                                           "verdict": verdict_line(stage, findings)}  # fmt: skip
-    return None, {"code": findings[0]["code"], "change": None, "verdict": verdict_line(stage, findings)}
+    return None, {"code": findings[0]["code"], "change": findings[0]["change"], "verdict": verdict_line(stage, findings)}
 
 
 def trial_plan(plan: dict, trial_dir: Path, window: dict) -> dict:
@@ -133,8 +133,10 @@ def _record(trials, candidate, advice, kept, window, seconds) -> dict:
                    + ("kept" if t["kept"] else f"not kept (needs >= {100 * T('min_measured_gain'):.0f} % faster)"))
     elif candidate:
         summary += f"; {_change_text(candidate)} is what the stage already runs: nothing to try"
+    elif advice and advice.get("change") not in (None, "none"):
+        summary += f"; the top advice ({advice['change']}) is not one a short training window can measure"
     else:
-        summary += "; no advice a short window can measure"
+        summary += "; no advice to try"
     for t in trials:
         t.pop("timing", None)  # the record stays small; the trial's figures are in the entry
     return {"window": dict(window), "candidate": candidate, "advice": advice, "trials": trials, "kept": kept,

@@ -161,3 +161,14 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
     seen.clear()
     stage_module.train_stage(config, "smoke", **kwargs)  # tune: false (stage_defaults)
     assert seen["tune"] is None and "window" not in seen
+
+
+def test_advice_a_window_cannot_measure_is_named_not_tried(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune, "top_candidate", lambda timing, stage: (None, {"code": "periodic_stalls",
+                                                                           "change": "stages.s.val_period: 3"}))
+    monkeypatch.setattr(tune, "run_trial", lambda plan, d, name, *a: {**dict(name=name, settings={}, status="ok",
+                                                                           images_per_s=100.0), "timing": {}})
+    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log",
+                                   engine_home=tmp_path, window=WINDOW)  # fmt: skip
+    assert record["kept"] == {} and len(record["trials"]) == 1
+    assert "val_period: 3) is not one a short training window can measure" in record["summary"]
