@@ -41,9 +41,10 @@ class StageFailed(RuntimeError):
 
 
 def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
-               work_dir: Path, probe_choice: dict | None = None) -> dict:  # fmt: skip
+               work_dir: Path, probe_choice: dict | None = None, image_store: str | None = None) -> dict:  # fmt: skip
     """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
-    with at most one slash to the Hugging Face hub, even when the file exists."""
+    with at most one slash to the Hugging Face hub, even when the file exists. ``image_store``: the working copy
+    whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode."""
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
@@ -68,6 +69,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "nominal_batch": nominal_batch,
         "min_warmup_iters": min_warmup_iters,
         "cache": None if cache == "none" else cache,
+        "image_store": image_store if cache == "ram" else None,
         "amp": probe_choice["amp"] if spec["amp"] == "auto" and "amp" in probe_choice else spec["amp"],
         "amp_source": "probe" if spec["amp"] == "auto" and "amp" in probe_choice else "config",
         "device": str(spec["device"]),
@@ -94,24 +96,33 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     """
     stage_dir = Path(timing_path).parent
     run_dir = stage_dir.parent.parent
-    plan = build_plan(
-        stage_spec(config, stage),
-        stage=stage,
-        data=data,
-        weights=weights[0] if weights else None,
-        cfg=config["model"]["cfg"],
-        cache_mode=read_json(Path(cache_decision))["mode"],
-        threads=threads,
-        work_dir=Path(run_dir) / "work" / stage,
-        probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
-    )
-    return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=Path(run_dir) / "engine",
-                     telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+    decision = read_json(Path(cache_decision))
+    spec = stage_spec(config, stage)
+    settings = dict(stage=stage, data=data, weights=weights[0] if weights else None, cfg=config["model"]["cfg"],
+                    cache_mode=decision["mode"], threads=threads, work_dir=Path(run_dir) / "work" / stage,
+                    probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
+                    image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+
+    def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
+        return build_plan({**spec, **changes}, **settings)
+
+    engine_home = Path(run_dir) / "engine"
+    plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
+    if spec.get("tune"):
+        from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
+
+        plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
+                                window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+    outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
+                        telemetry_interval=config["telemetry"]["interval_s"], tune=tune)  # fmt: skip
+    shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
+    return outcome
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0) -> dict:  # fmt: skip
-    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed."""
+              telemetry_interval: float = 1.0, tune: dict | None = None) -> dict:  # fmt: skip
+    """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
+    ``tune``: the record of the tune trials that chose this plan, published with the stage."""
     work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
@@ -131,7 +142,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         if finished:
             returncode, sampler_info = 0, {}
         else:
-            returncode, sampler_info = _launch(plan, env, log, work_dir, telemetry_interval)
+            returncode, sampler_info = launch_worker(plan, env, log, work_dir, telemetry_interval)
     wall = time.time() - started
     outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
     if finished:
@@ -148,7 +159,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
     write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
-    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall)
+    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall, tune)
     with open(log_path, "a") as log:
         log.write(verdict + "\n")
     print(verdict, file=sys.stderr)
@@ -161,9 +172,11 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
     return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
 
 
-def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float) -> str:
+def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
+            tune: dict | None = None) -> str:  # fmt: skip
     """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
-    then drop the work folder. Returns the stage's one-line verdict."""
+    then drop the work folder. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune),
+    kept in stage.json and timing.json."""
     (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
     for name in ("last.pt", "best.pt"):
         if (work_dir / "weights" / name).exists():
@@ -175,24 +188,12 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
-              "compile": outcome.get("compile"), "attempts": attempts}  # fmt: skip
+              "compile": outcome.get("compile"), "attempts": attempts, "tune": tune}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
-    timing = build_timing(
-        read_json(work_dir / "timing_raw.json"),
-        telemetry_csv=stage_dir / "telemetry.csv",
-        wall_s=wall,
-        meta={
-            "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
-            "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
-            "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
-            "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-            "nominal_batch": plan["nominal_batch"],
-            **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
-            **outcome.get("sampler", {}),
-        },
-    )  # fmt: skip
+    timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=stage_dir / "telemetry.csv",
+                          wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
     write_timing(stage_dir, timing)
     findings = diagnose(timing)
     write_diagnosis(stage_dir, findings)
@@ -200,7 +201,20 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     return verdict_line(plan["stage"], findings)
 
 
-def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
+def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
+    """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
+    return {
+        "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
+        "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
+        "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
+        "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
+        "nominal_batch": plan["nominal_batch"], "image_cache": outcome.get("image_cache"),
+        **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
+        **outcome.get("sampler", {}),
+    }  # fmt: skip
+
+
+def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     write_json(plan_path, plan)

@@ -77,15 +77,39 @@ def test_data_loading_bound_busy_cpus_cache():
     assert f[0]["change"] == "stages.fine.cache: disk"
 
 
-def test_batch_too_small():
+def test_low_util_without_a_measurement_is_host_bound_not_batch_too_small():
+    # Changed by issue 12: "GPU idle + loader keeps up" used to advise a bigger batch; on an H200 that advice made
+    # every stage slower. Without a measurement at the bigger batch it is now the host-bound class.
     f = diagnose(timing(util=35.0, mem=0.2, batch=16, dws=0.01))
-    assert codes(f) == ["batch_too_small"]
-    assert f[0]["change"] == "stages.fine.batch: 64"  # 0.8 / 0.2 = 4x
-    assert f[0]["evidence"]["gpu_util_p50_pct"]["op"] == "<"
+    assert codes(f) == ["host_bound_step"]
+    assert f[0]["change"] == "stages.fine.tune: true" and f[0]["candidate"] == {"batch": 64}  # 0.8 / 0.2 = 4x
+    assert f[0]["evidence"]["main_process_step_share"]["value"] == 0.99
+    assert not f[0]["verified"] and "(unverified)" in verdict_line("fine", f)
+    assert f[0]["expected_gain"]["saves_share"] > 0 and "upper bound" in f[0]["expected_gain"]["basis"]
+    skipped = {n["code"]: n["reason"] for n in f.not_evaluated}
+    assert "no measurement" in skipped["batch_too_small"] and "batch 64" in skipped["batch_too_small"]
 
 
-def test_batch_too_small_memory_headroom_capped_at_nominal():
+def test_batch_too_small_only_when_measured_faster():
+    t = timing(util=35.0, mem=0.2, batch=16, dws=0.01)
+    f = diagnose(t, measured={"batch_images_per_s": {16: 600.0, 32: 700.0, 64: 690.0}, "source": "probe"})
+    assert codes(f) == ["batch_too_small"] and f[0]["change"] == "stages.fine.batch: 32"
+    assert f[0]["verified"] and f[0]["expected_gain"]["speedup"] == 1.167
+    assert "(verified: probe)" in verdict_line("fine", f)
+    slower = diagnose(t, measured={"batch_images_per_s": {16: 600.0, 32: 620.0}, "source": "probe"})
+    assert codes(slower) == ["host_bound_step"]  # +3 % is under min_measured_gain
+    t["tune"] = {"trials": [{"name": "baseline", "settings": {"batch": 16}, "images_per_s": 500.0},
+                            {"name": "advice", "settings": {"batch": 64}, "images_per_s": 800.0}]}
+    f = diagnose(t)
+    assert f[0]["change"] == "stages.fine.batch: 64" and f[0]["expected_gain"]["measured_by"] == "tune trial"
+
+
+def test_memory_headroom_alone_advises_nothing_unmeasured():
     f = diagnose(timing(util=70.0, mem=0.05, batch=32, dws=0.01))
+    assert codes(f) == ["healthy"]
+    assert any(n["code"] == "batch_too_small" and "tune" in n["reason"] for n in f.not_evaluated)
+    f = diagnose(timing(util=70.0, mem=0.05, batch=32, dws=0.01),
+                 measured={"batch_images_per_s": {32: 100.0, 64: 120.0}, "source": "probe"})
     assert codes(f) == ["batch_too_small"] and f[0]["change"] == "stages.fine.batch: 64"
     assert codes(diagnose(timing(util=70.0, mem=0.05, batch=64, dws=0.01))) == ["healthy"]
 
@@ -185,9 +209,20 @@ def test_cli_diagnose(tmp_path, capsys):
 
     (tmp_path / "timing.json").write_text(json.dumps(timing(feo=3.0)))
     assert main(["diagnose", str(tmp_path), "-q"]) == 0
-    assert capsys.readouterr().out.strip() == "[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) -> stages.fine.cache: ram"
+    # "(unverified)": issue 12 labels advice no measurement has verified (no tune trial ran)
+    assert capsys.readouterr().out.strip() == ("[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) "
+                                               "-> stages.fine.cache: ram (unverified)")
     assert main(["diagnose", str(tmp_path), "--json", "--write", "--stage", "s2"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["findings"][0]["change"] == "stages.s2.cache: ram"
     assert (tmp_path / "diagnosis.md").exists()
     assert main(["diagnose", str(tmp_path / "nope")]) == 2
+
+
+def test_no_nosave_advice_for_a_stage_that_already_has_it():
+    eps = [ep(i, ckpt=2.0) for i in range(4)]
+    t = timing(epochs=eps)
+    assert diagnose(t)[0]["change"].startswith("stages.fine.nosave: true")
+    t["config"]["nosave"] = True
+    f = diagnose(t)
+    assert codes(f) == ["healthy"] and any("already on" in n["reason"] for n in f.not_evaluated)

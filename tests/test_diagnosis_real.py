@@ -3,15 +3,11 @@
 
 import json
 
+from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import build_plan, run_stage
 
-HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}
-SPEC = {
-    "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": HEAVY_AUGMENTATION, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 2, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+SPEC = {**LOADER_BOUND_SPEC, "epochs": 2, "val_period": 2}
 
 
 def test_workers_0_with_heavy_augmentation_is_diagnosed_as_data_loading_bound(tmp_path):

@@ -46,6 +46,15 @@ def test_every_stage_publishes_weights_results_and_a_valid_timing_report(tiny_ru
         assert not (run / "work" / stage).exists(), "a finished stage leaves no work folder behind"
 
 
+def test_the_images_are_decoded_once_per_run_not_in_every_stage(tiny_run):
+    _, run, _ = tiny_run
+    store = json.loads((run / "data" / "cache.json").read_text())["store"]
+    assert store["root"] and store["sizes"] == [64, 96] and store["decoded"] > 0, store  # cache_dataset decoded them
+    for stage in STAGES:
+        setup = json.loads((run / "stages" / stage / "timing.json").read_text())["setup_detail"]
+        assert (setup["cache_source"], setup["cache_images_decoded"]) == ("prebuilt", 0), (stage, setup)
+
+
 def test_the_chain_passes_weights_on(tiny_run):
     _, run, _ = tiny_run
     plan = {s: json.loads((run / "stages" / s / "stage.json").read_text()) for s in STAGES}

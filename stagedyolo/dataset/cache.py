@@ -22,6 +22,7 @@ import psutil
 import yaml
 from PIL import Image
 
+from stagedyolo.dataset.image_store import build_store
 from stagedyolo.dataset.validate import DatasetError, list_split_images
 from stagedyolo.envcheck import tee_log
 
@@ -231,9 +232,18 @@ def _write_npy(image: str) -> bool:
 
 
 def cache_dataset(
-    data: str, decision_out: str, mode: str, safety_margin: float, max_img: int, log_path: str | None = None, log=print
+    data: str,
+    decision_out: str,
+    mode: str,
+    safety_margin: float,
+    max_img: int,
+    log_path: str | None = None,
+    log=print,
+    store_sizes: list[int] | None = None,
 ) -> dict:
-    """The cache_dataset rule: decide the mode, prebuild the .npy files when it is disk, write the decision JSON."""
+    """The cache_dataset rule: decide the mode, prebuild the .npy files when it is disk, and when it is ram decode
+    the images once into the store every stage's RAM cache is served from (``store_sizes``: the image sizes the
+    stages train at; None or empty builds none, and each stage's yolov5 caches by itself). Writes the decision JSON."""
     log = tee_log(log, log_path)
     decision = decide_cache_mode(mode, data, max_img, safety_margin=safety_margin)
     log(f"cache mode {decision['mode']} (requested {mode}): {decision['reason']}")
@@ -246,6 +256,35 @@ def cache_dataset(
             f"disk cache: {p['written']} written, {p['up_to_date']} up to date, {p['orphans_removed']} orphans "
             f"removed, {len(p['unreadable'])} unreadable, {p['seconds']} s"
         )
+    if decision["mode"] == "ram":
+        decision["store"] = prebuild_ram_store(data, decision, store_sizes or [])
+        log(f"image store: {decision['store']['reason']}")
     Path(decision_out).parent.mkdir(parents=True, exist_ok=True)
     Path(decision_out).write_text(json.dumps(decision, indent=2) + "\n", encoding="utf-8")
     return decision
+
+
+def store_size(img: int) -> int:
+    """The size yolov5 really trains at: check_img_size rounds img up to a multiple of the stride (32)."""
+    return math.ceil(img / 32) * 32
+
+
+def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) -> dict:
+    """Build the image store (stagedyolo.dataset.image_store) in the working copy when its files fit on the cache
+    dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}."""
+    if not sizes:
+        return {"root": None, "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)"}
+    sizes = sorted({store_size(s) for s in sizes})
+    root = staged_root(staged_data_yaml)
+    if not (root / "manifest.json").is_file():
+        raise DatasetError(f"{staged_data_yaml} is not a staged working copy (no manifest.json in {root}); the image "
+                           "store is only built in the copy. Fix: pass the data.yaml that stage_dataset wrote.")  # fmt: skip
+    # The RAM estimate is for the largest size; smaller sizes need less. Train and val stores hold one copy each.
+    need = decision["ram_needed_bytes"] * len(sizes)
+    if need > decision["disk_budget_bytes"]:
+        return {"root": None, "reason": f"not built: {need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache "
+                f"dir's free-disk budget; each stage's yolov5 caches itself"}  # fmt: skip
+    built = build_store(root, staged_images(staged_data_yaml), sizes)
+    reason = (f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
+              f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s")
+    return {"root": str(root), "reason": reason, **built}

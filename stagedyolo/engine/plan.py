@@ -20,7 +20,7 @@ from stagedyolo.engine.patches import DEFAULT_MODE
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
     "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters", "engine_mode",
+    "min_warmup_iters", "engine_mode", "tune",
 )  # fmt: skip
 
 # Smallest batch the out-of-memory retry halves down to.
@@ -84,6 +84,14 @@ def engine_spec(engine: dict, stage_mode: str | None) -> dict:
     """The stage's engine settings: its engine_mode, else the run's engine.mode; compile and skipped patches."""
     return {"mode": stage_mode or engine.get("mode", DEFAULT_MODE), "compile": bool(engine.get("compile", False)),
             "skip_patches": sorted(engine.get("skip_patches") or [])}  # fmt: skip
+
+
+def image_store_sizes(config: dict) -> list[int]:
+    """Image sizes of the stages whose cache may be ram (auto or ram); [] when cache.prebuild_ram is off."""
+    if not config["cache"].get("prebuild_ram", True):
+        return []
+    specs = [stage_spec(config, stage) for stage in stage_names(config)]
+    return sorted({spec["img"] for spec in specs if spec["cache"] in ("auto", "ram")})
 
 
 # The stage keys the probe decides when a stage leaves them at `auto`.

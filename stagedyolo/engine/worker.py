@@ -15,8 +15,10 @@ import traceback
 import warnings
 from pathlib import Path
 
+from stagedyolo.dataset.image_store import serve_ram_cache
 from stagedyolo.engine.hooks import register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
+from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import exit_when_parent_dies
 from stagedyolo.telemetry import StageTimer
@@ -52,6 +54,12 @@ def main(plan_path: str, plugins=()) -> int:
     train, schedule, guard = engine.train, engine.schedule, engine.guard
     for plugin in plugins:
         register(plugin, callbacks)
+    window = TrialWindow.from_plan(plan)  # a tune trial: time the steady batches, then stop (stagedyolo.tune)
+    if window:
+        window.attach(callbacks)
+    image_cache: list[dict] = []
+    if plan.get("cache") == "ram":  # served from the run's prebuilt store when there is one; timed either way
+        serve_ram_cache(plan.get("image_store"), image_cache)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
 
@@ -72,6 +80,9 @@ def main(plan_path: str, plugins=()) -> int:
                 outcome["compile"] = compile_seconds(torch)
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
+            outcome["image_cache"] = image_cache
+            if window:
+                outcome["trial"] = window.result()
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":

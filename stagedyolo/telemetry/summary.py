@@ -185,6 +185,16 @@ def _sync_note(note: str | None, every) -> str | None:
     return note
 
 
+def image_cache_detail(loaders: list[dict] | None) -> dict:
+    """setup_detail's image-cache fields from the worker's per-loader records (dataset.image_store)."""
+    if not loaders:
+        return {"cache_source": None, "cache_s": None, "cache_images_decoded": None, "cache_loaders": None}
+    sources = {r.get("source") for r in loaders}
+    return {"cache_source": sources.pop() if len(sources) == 1 else "mixed",
+            "cache_s": round(sum(finite(r.get("seconds")) or 0.0 for r in loaders), 4),
+            "cache_images_decoded": sum(int(r.get("decoded") or 0) for r in loaders), "cache_loaders": list(loaders)}
+
+
 def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = None, meta: dict | None = None) -> dict:
     """Combine the raw timer record, the sampler CSV and the stage meta into the timing dict (see the schema).
 
@@ -290,7 +300,8 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
                                         "val_period", "plots", "nosave", "nominal_batch")}
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
-    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s"))}
+    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
+          **image_cache_detail(meta.get("image_cache"))}  # fmt: skip
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),
@@ -312,6 +323,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
                       "sampler": _sampler_info(meta)},
         "engine": _engine_section(meta),
         "sync": _sync_note(raw.get("sync"), meta.get("sync_every_batches")),
+        "tune": meta.get("tune"),
         "warnings": warnings + [f"timer: {x}" for x in raw.get("errors") or []],
     }
 
@@ -331,6 +343,14 @@ def _fmt(v, spec="{:.3g}", none="n/a"):
     return none if v is None else spec.format(v)
 
 
+def _setup_line(sd: dict) -> str:
+    line = f"- Set-up: imports {_fmt(sd.get('imports_s'))} s, dataset + model build {_fmt(sd.get('build_s'))} s"
+    if sd.get("cache_source"):
+        line += (f"; RAM image cache: {sd['cache_source']} ({_fmt(sd.get('cache_s'))} s, "
+                 f"{sd.get('cache_images_decoded')} image(s) decoded in this stage)")
+    return line
+
+
 def timing_markdown(t: dict) -> str:
     ph = t["phases"]
     lines = [f"# Timing: {t.get('stage') or 'stage'}", "",
@@ -343,6 +363,7 @@ def timing_markdown(t: dict) -> str:
               f"- Steady state ({th['basis']}): {_fmt(th['steady_images_per_s'])} images/s, "
               f"{_fmt(th['steady_it_per_s'])} it/s",
               f"- Data wait: {_fmt(t['data_wait']['share'] and 100 * t['data_wait']['share'], '{:.1f}')} % of step time",
+              _setup_line(t.get("setup_detail") or {}),
               f"- First epoch / steady epoch: {_fmt(t['first_epoch_overhead'], '{:.2f}')}"
               + (f" ({t['first_epoch_overhead_reason']})" if t["first_epoch_overhead_reason"] else ""),
               ]

@@ -10,6 +10,7 @@ import stagedyolo
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.engine.plan import (
     available_cores,
+    image_store_sizes,
     previous_stage,
     probe_batches,
     probe_needed,
@@ -115,6 +116,11 @@ def get_stage_outputs(stage):
         "timing": f"{folder}/timing.json",
         "plan": f"{folder}/stage.json",
     }
+
+
+def get_image_store_sizes():
+    """The image sizes of the stages that may cache in RAM: the store cache_dataset decodes once for all of them."""
+    return image_store_sizes(config)
 
 
 def get_max_stage_img():

@@ -32,5 +32,6 @@ rule cache_dataset:
     params:
         cache=config["cache"],
         max_img=get_max_stage_img(),
+        store_sizes=get_image_store_sizes(),
     script:
         "../scripts/cache_dataset.py"

@@ -7,4 +7,5 @@ cache_dataset(
     safety_margin=snakemake.params.cache["ram_safety_margin"],
     max_img=snakemake.params.max_img,
     log_path=snakemake.log[0],
+    store_sizes=snakemake.params.store_sizes,
 )

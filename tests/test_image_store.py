@@ -1,0 +1,117 @@
+"""The image store: decoded once per run by cache_dataset, every stage's RAM cache served from it (issue 12).
+
+The yolov5 parts run in a subprocess (yolov5 keeps global state); the last test runs a real stage and reads its
+timing.json: its set-up decoded no image."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from stagedyolo.dataset.cache import cache_dataset, staged_images
+from stagedyolo.dataset.image_store import store_path
+from stagedyolo.dataset.staging import stage_dataset
+from stagedyolo.dataset.validate import validate_dataset
+from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+from stagedyolo.stage import build_plan, run_stage
+
+
+@pytest.fixture
+def staged(tmp_path):
+    """A staged copy of a 12 + 4 image demo set of 160 px images (a stage at 128 px shrinks them)."""
+    src = write_demo_dataset(tmp_path / "src", DemoSpec(TARGET_CLASSES, 12, 4))
+    stage_dataset(str(src), validate_dataset(str(src)), str(tmp_path / "cache"), exclude=set())
+    return tmp_path / "cache" / "data.yaml"
+
+
+def decide(staged, tmp_path, sizes):
+    return cache_dataset(str(staged), str(tmp_path / "cache.json"), "ram", 0.3, max(sizes or [128]),
+                         log=lambda *_: None, store_sizes=sizes)  # fmt: skip
+
+
+def test_cache_dataset_decodes_once_into_the_working_copy_and_keeps_an_up_to_date_store(staged, tmp_path):
+    src_before = sorted(p.name for p in (tmp_path / "src").rglob("*"))
+    d = decide(staged, tmp_path, [128, 160, 100])
+    store = d["store"]
+    assert d["mode"] == "ram" and store["root"] == str(tmp_path / "cache")
+    assert store["sizes"] == [128, 160] and store["decoded"] == 16  # 100 is trained at 128 (stride 32)
+    assert store_path(store["root"], 128, True).is_dir() and store_path(store["root"], 160, False).is_dir()
+    assert sorted(p.name for p in (tmp_path / "src").rglob("*")) == src_before  # the user's dataset untouched
+    assert decide(staged, tmp_path, [128, 160])["store"]["decoded"] == 0  # a second run reuses it
+    assert decide(staged, tmp_path, [])["store"]["root"] is None  # cache.prebuild_ram: false
+
+
+def test_store_too_big_for_the_disk_is_not_built(staged, tmp_path, monkeypatch):
+    import stagedyolo.dataset.cache as cache
+
+    real = cache.decide_cache_mode
+    monkeypatch.setattr(cache, "decide_cache_mode", lambda *a, **k: {**real(*a, **k), "disk_budget_bytes": 10})
+    store = decide(staged, tmp_path, [128])["store"]
+    assert store["root"] is None and "free-disk budget" in store["reason"]
+
+
+YOLOV5_LOADERS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from stagedyolo.dataset.image_store import serve_ram_cache
+    from yolov5.utils.dataloaders import LoadImagesAndLabels
+
+    root, train, val = sys.argv[1], sys.argv[2], sys.argv[3]
+    def load(path, augment):
+        return LoadImagesAndLabels(path, 128, 4, augment=augment, rect=not augment, cache_images="ram", hyp=None)
+    own = [load(train, True), load(val, False)]          # yolov5 decodes every image, as each stage used to
+    records = []
+    serve_ram_cache(root, records)
+    served = [load(train, True), load(val, False)]
+    same = all(np.array_equal(a, b) for o, s in zip(own, served) for a, b in zip(o.ims, s.ims))
+    hw = all(o.im_hw == s.im_hw and o.im_hw0 == s.im_hw0 for o, s in zip(own, served))
+    print(json.dumps({"same": same, "hw": hw, "records": records}))
+""")
+
+
+def run_loaders(staged):
+    images = staged_images(str(staged))
+    train, val = (os.path.dirname(images[s][0]) for s in ("train", "val"))
+    out = subprocess.run([sys.executable, "-c", YOLOV5_LOADERS, str(staged.parent), train, val], capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_yolov5_ram_cache_served_from_the_store_is_pixel_identical_and_decodes_nothing(staged, tmp_path):
+    decide(staged, tmp_path, [128])
+    got = run_loaders(staged)
+    assert got["same"] and got["hw"]  # INTER_LINEAR for train, INTER_AREA for the shrunk val images, as yolov5
+    assert [(r["split"], r["source"], r["images"], r["decoded"]) for r in got["records"]] == [
+        ("train", "prebuilt", 12, 0), ("val", "prebuilt", 4, 0)]
+
+
+def test_an_image_changed_after_the_store_was_built_is_decoded_in_the_stage(staged, tmp_path):
+    decide(staged, tmp_path, [128])
+    changed = staged_images(str(staged))["train"][3]
+    os.utime(changed, ns=(1, 1))  # a different mtime: the stored copy may be stale
+    got = run_loaders(staged)
+    assert got["same"]
+    assert [(r["split"], r["decoded"]) for r in got["records"]] == [("train", 1), ("val", 0)]
+
+
+SPEC = {
+    "epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
+    "hyp": {"mosaic": 0.0}, "cache": "ram", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1,
+    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
+}  # fmt: skip
+
+
+def test_a_stage_set_up_does_not_rebuild_the_cache(staged, tmp_path):
+    """Real engine: timing.json's set-up detail says the RAM cache came from the store, with no image decoded."""
+    decision = decide(staged, tmp_path, [64])
+    plan = build_plan(SPEC, stage="s", data=str(staged), weights=None, cfg="yolov5n.yaml", cache_mode="ram",
+                      threads=1, work_dir=tmp_path / "work" / "s", image_store=decision["store"]["root"])  # fmt: skip
+    run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path)
+    sd = json.loads((tmp_path / "s" / "timing.json").read_text())["setup_detail"]
+    assert sd["cache_source"] == "prebuilt" and sd["cache_images_decoded"] == 0, sd
+    assert [(r["split"], r["from_store"]) for r in sd["cache_loaders"]] == [("train", 12), ("val", 4)]
+    assert "RAM image cache: prebuilt" in (tmp_path / "s" / "timing.md").read_text()
