@@ -22,16 +22,19 @@ from stagedyolo.engine.plan import (
     cpu_budget,
     spec_digest,
     stage_hyp,
+    stage_names,
     stage_spec,
+    yolov5_options,
 )
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import WarmStart, build_stage_command, run_supervised, scaled_lr0, warm_start_for
+from stagedyolo.progress import ProgressRelay
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
-RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads")
+RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "run_stages")
 
 
 class StageFailed(RuntimeError):
@@ -39,9 +42,11 @@ class StageFailed(RuntimeError):
 
 
 def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
-               work_dir: Path, probe_choice: dict | None = None) -> dict:  # fmt: skip
+               work_dir: Path, probe_choice: dict | None = None, run_stages: list[dict] | None = None) -> dict:  # fmt: skip
     """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
-    with at most one slash to the Hugging Face hub, even when the file exists."""
+    with at most one slash to the Hugging Face hub, even when the file exists.
+
+    ``run_stages``: every stage of the run in order ({stage, epochs, img}), for the progress line's run ETA."""
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
@@ -74,8 +79,10 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "sync_bn": spec["sync_bn"],
         "plots": spec["plots"],
         "nosave": spec["nosave"],
-        "seed": 0,
+        "options": yolov5_options(spec),
+        "time_budget_s": spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
         "work_dir": str(Path(work_dir).resolve()),
+        "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     }
 
 
@@ -101,7 +108,9 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         threads=threads,
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
-    )
+        run_stages=[{"stage": name, "epochs": stage_spec(config, name)["epochs"], "img": stage_spec(config, name)["img"]}
+                    for name in stage_names(config)],
+    )  # fmt: skip
     engine_home = Path(run_dir) / "engine"
     return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
                      telemetry_interval=config["telemetry"]["interval_s"],
@@ -163,16 +172,18 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
     then drop the work folder. Returns the stage's one-line verdict."""
     (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
-    for name in ("last.pt", "best.pt"):
-        if (work_dir / "weights" / name).exists():
-            shutil.copy2(work_dir / "weights" / name, stage_dir / "weights" / name)
+    # epoch<N>.pt: the save_period checkpoints, kept since the user asked for them
+    for path in [work_dir / "weights" / "last.pt", work_dir / "weights" / "best.pt",
+                 *sorted((work_dir / "weights").glob("epoch*.pt"))]:  # fmt: skip
+        if path.exists():
+            shutil.copy2(path, stage_dir / "weights" / path.name)
     for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
                  *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
         if path.exists():
             shutil.copy2(path, stage_dir / path.name)
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
-              "attempts": attempts}  # fmt: skip
+              "stopped_by": outcome.get("stopped_by"), "attempts": attempts}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
@@ -186,6 +197,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
             "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
             "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
             "nominal_batch": plan["nominal_batch"], "warm_start": outcome.get("warm_start"),
+            "patience": plan.get("options", {}).get("patience"), "time_budget_s": plan.get("time_budget_s"),
+            "stopped_by": outcome.get("stopped_by"),
             **outcome.get("sampler", {}),
         },
     )  # fmt: skip
@@ -211,8 +224,10 @@ def _launch(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: floa
 
     try:
         # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
-        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler,
-                                    warm=warm)  # fmt: skip
+        # The relay shows each epoch's progress line on our stderr (Snakemake's console); the worker's goes to the log.
+        with ProgressRelay(work_dir):
+            returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler,
+                                        warm=warm)  # fmt: skip
     finally:
         for sampler in samplers:
             sampler.stop()

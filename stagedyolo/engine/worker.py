@@ -22,10 +22,12 @@ from stagedyolo.engine.hooks import (
     ValidationSchedule,
     register,
 )
+from stagedyolo.engine.stopping import EpochStop
 from stagedyolo.engine.train_module import load_train
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import bound_init_process_group_timeout, exit_when_parent_dies
 from stagedyolo.launch.warm import REQUESTED_AT_ENV
+from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
 
 # yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
@@ -71,6 +73,10 @@ def main(plan_path: str) -> int:
         register(faults, callbacks)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
+    stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start)
+    train.EarlyStopping = stop.early_stopping  # patience and time budget end a stage at an epoch boundary
+    register(stop, callbacks)
+    register(ProgressReport(plan, timer, schedule, stop), callbacks)
 
     outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
                "warm_start": warm_start}  # fmt: skip
@@ -87,6 +93,7 @@ def main(plan_path: str) -> int:
         if REPORTING_RANK:
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
+            outcome["stopped_by"] = stop.reason
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
@@ -151,9 +158,13 @@ def build_opt(train, plan: dict, device: str):
     opt.nosave = plan["nosave"]
     opt.sync_bn = plan["sync_bn"]
     opt.optimizer = plan.get("optimizer", "SGD")
-    opt.seed = plan.get("seed", 0)
-    # Early stopping would end training on an epoch val_period skipped; patience 0 means "never" in yolov5.
-    opt.patience = 0
+    # The stage's yolov5 options, under yolov5's names (plan.YOLOV5_OPTIONS). patience reaches the EarlyStopping
+    # that train.py builds from opt, which the worker replaces with EpochStop (validated epochs only).
+    opt.patience = 0  # an older plan without options: never stop early
+    for key, value in plan.get("options", {}).items():
+        if not hasattr(opt, key):  # a yolov5 other than 7.0.14 renamed it: fail instead of silently ignoring it
+            raise RuntimeError(f"yolov5's train.py has no option {key!r}: stagedyolo supports yolov5==7.0.14")
+        setattr(opt, key, value)
     return opt
 
 
