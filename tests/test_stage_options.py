@@ -107,3 +107,10 @@ def test_combinations_yolov5_would_refuse_mid_run_fail_at_parse_time(stages, exp
 def test_single_cls_for_the_whole_run_is_fine():
     config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "single_cls": True}}
     check_config(config, REPO)
+
+
+def test_save_period_zero_reaches_yolov5_as_its_off_value():
+    # yolov5's loggers compute epoch % save_period on every save: 0 would divide by zero mid-stage.
+    plan = build_plan({**SPEC, "save_period": 0}, stage="s", data="d.yaml", weights=None, cfg="yolov5n.yaml",
+                      cache_mode="none", threads=1, work_dir="w")  # fmt: skip
+    assert plan["options"]["save_period"] == -1

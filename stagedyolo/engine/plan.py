@@ -65,7 +65,10 @@ def stage_hyp(lr0: float, overrides: dict) -> dict:
 
 def yolov5_options(spec: dict) -> dict:
     """The stage's yolov5 options that it (or stage_defaults) sets; the rest keep yolov5's parse_opt defaults."""
-    return {key: spec[key] for key in YOLOV5_OPTIONS if spec.get(key) is not None}
+    options = {key: spec[key] for key in YOLOV5_OPTIONS if spec.get(key) is not None}
+    if options.get("save_period") == 0:
+        options["save_period"] = -1  # "off" as yolov5 spells it: its loggers compute epoch % save_period
+    return options
 
 
 def stage_names(config: dict) -> list[str]:
