@@ -21,8 +21,8 @@ from stagedyolo.engine.plan import (
     MIN_RETRY_BATCH,
     cpu_budget,
     spec_digest,
+    run_outline,
     stage_hyp,
-    stage_names,
     stage_spec,
     yolov5_options,
 )
@@ -108,9 +108,8 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         threads=threads,
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
-        run_stages=[{"stage": name, "epochs": stage_spec(config, name)["epochs"], "img": stage_spec(config, name)["img"]}
-                    for name in stage_names(config)],
-    )  # fmt: skip
+        run_stages=run_outline(config),
+    )
     engine_home = Path(run_dir) / "engine"
     return run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
                      telemetry_interval=config["telemetry"]["interval_s"],

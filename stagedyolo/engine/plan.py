@@ -75,6 +75,12 @@ def stage_names(config: dict) -> list[str]:
     return list(config["stages"])
 
 
+def run_outline(config: dict) -> list[dict]:
+    """Every stage in order with its epochs and image size: what a run's ETA is estimated from."""
+    return [{"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
+            for name in stage_names(config)]  # fmt: skip
+
+
 def previous_stage(config: dict, stage: str) -> str | None:
     names = stage_names(config)
     index = names.index(stage)
