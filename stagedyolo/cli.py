@@ -79,7 +79,26 @@ def _add_report(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
-SUBCOMMANDS = [_add_diagnose, _add_report]
+def cmd_status(args) -> int:
+    from stagedyolo.status import latest_run, run_status
+
+    run = Path(args.run) if args.run else latest_run(Path("results"))
+    if run is None or not run.is_dir():
+        print(f"stagedyolo status: no run folder at {args.run or 'results/<run>'} (give results/<run>)", file=sys.stderr)
+        return 2
+    print(run_status(run))
+    return 0
+
+
+def _add_status(sub) -> None:
+    p = sub.add_parser("status", help="which stage of a run is training, its epoch, images/s and ETA",
+                       description="Read a run's folders (work/<stage>/progress.json, stages/<stage>/timing.json) "
+                                   "and print every stage: done, running (epoch, images/s, ETAs), failed or waiting.")
+    p.add_argument("run", nargs="?", help="the run folder, results/<run> (default: the newest under results/)")
+    p.set_defaults(func=cmd_status)
+
+
+SUBCOMMANDS = [_add_diagnose, _add_report, _add_status]
 
 
 def build_parser() -> argparse.ArgumentParser:

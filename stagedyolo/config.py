@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagedyolo.engine.plan import stage_hyp, stage_names, stage_spec, yolov5_dir
+from stagedyolo.engine.plan import previous_stage, stage_hyp, stage_names, stage_spec, yolov5_dir
 
 
 class ConfigError(ValueError):
@@ -160,4 +160,20 @@ def _check_stage(config: dict, stage: str) -> list[str]:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
         problems.append(f"{key}.hyp: {error}")
+    return problems + _check_yolov5_options(config, stage, spec)
+
+
+def _check_yolov5_options(config: dict, stage: str, spec: dict) -> list[str]:
+    """The combinations yolov5 would refuse (or silently mishandle) only once the stage runs."""
+    key, problems = f"stages.{stage}", []
+    if spec.get("image_weights") and spec["gpus"] > 1:
+        problems.append(f"{key}.image_weights: yolov5 refuses image_weights with more than one GPU (gpus: "
+                        f"{spec['gpus']}). Set image_weights: false or gpus: 1.")  # fmt: skip
+    previous = previous_stage(config, stage)
+    if previous and spec["start_from"] == "previous":
+        before = bool(stage_spec(config, previous).get("single_cls"))
+        if bool(spec.get("single_cls")) != before:
+            problems.append(f"{key}.single_cls: {bool(spec.get('single_cls'))} differs from stage {previous} "
+                            f"({before}), which it starts from: the detection head would be thrown away. Set "
+                            "single_cls in stage_defaults, or start_from: model.")  # fmt: skip
     return problems

@@ -23,17 +23,20 @@ from stagedyolo.engine.plan import (
     cpu_budget,
     engine_spec,
     spec_digest,
+    run_outline,
     stage_hyp,
     stage_spec,
+    yolov5_options,
 )
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
+from stagedyolo.progress import ProgressRelay
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
-RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads")
+RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "run_stages")
 
 
 class StageFailed(RuntimeError):
@@ -41,10 +44,12 @@ class StageFailed(RuntimeError):
 
 
 def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
-               work_dir: Path, probe_choice: dict | None = None, image_store: str | None = None) -> dict:  # fmt: skip
+               work_dir: Path, probe_choice: dict | None = None, image_store: str | None = None,
+               run_stages: list[dict] | None = None) -> dict:  # fmt: skip
     """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
     with at most one slash to the Hugging Face hub, even when the file exists. ``image_store``: the working copy
-    whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode."""
+    whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode.
+    ``run_stages``: every stage of the run in order ({stage, epochs, img}), for the progress line's run ETA."""
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
@@ -78,9 +83,11 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "sync_bn": spec["sync_bn"],
         "plots": spec["plots"],
         "nosave": spec["nosave"],
-        "seed": 0,
         "engine": spec.get("engine") or engine_spec({}, spec.get("engine_mode")),
+        "options": yolov5_options(spec),
+        "time_budget_s": spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
         "work_dir": str(Path(work_dir).resolve()),
+        "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     }
 
 
@@ -101,7 +108,7 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     settings = dict(stage=stage, data=data, weights=weights[0] if weights else None, cfg=config["model"]["cfg"],
                     cache_mode=decision["mode"], threads=threads, work_dir=Path(run_dir) / "work" / stage,
                     probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
-                    image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+                    image_store=(decision.get("store") or {}).get("root"), run_stages=run_outline(config))  # fmt: skip
 
     def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
         return build_plan({**spec, **changes}, **settings)
@@ -178,9 +185,11 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     then drop the work folder. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune),
     kept in stage.json and timing.json."""
     (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
-    for name in ("last.pt", "best.pt"):
-        if (work_dir / "weights" / name).exists():
-            shutil.copy2(work_dir / "weights" / name, stage_dir / "weights" / name)
+    # epoch<N>.pt: the save_period checkpoints, kept since the user asked for them
+    for path in [work_dir / "weights" / "last.pt", work_dir / "weights" / "best.pt",
+                 *sorted((work_dir / "weights").glob("epoch*.pt"))]:  # fmt: skip
+        if path.exists():
+            shutil.copy2(path, stage_dir / "weights" / path.name)
     for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
                  *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
         if path.exists():
@@ -188,7 +197,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
-              "compile": outcome.get("compile"), "attempts": attempts, "tune": tune}  # fmt: skip
+              "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
+              "tune": tune}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
@@ -209,6 +219,8 @@ def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
         "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
         "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
         "nominal_batch": plan["nominal_batch"], "image_cache": outcome.get("image_cache"),
+        "patience": plan.get("options", {}).get("patience"), "time_budget_s": plan.get("time_budget_s"),
+        "stopped_by": outcome.get("stopped_by"),
         **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
         **outcome.get("sampler", {}),
     }  # fmt: skip
@@ -228,7 +240,9 @@ def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval
 
     try:
         # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
-        returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
+        # The relay shows each epoch's progress line on our stderr (Snakemake's console); the worker's goes to the log.
+        with ProgressRelay(work_dir):
+            returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
     finally:
         for sampler in samplers:
             sampler.stop()

@@ -1,6 +1,8 @@
 """The real pipeline end to end: real Snakemake, the real yolov5 engine, the tiny demo config (~2-3 minutes)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +21,8 @@ STAGES = ["smoke", "frozen", "finetune", "highres"]
 def tiny_run(tmp_path_factory):
     workdir = make_workdir(tmp_path_factory.mktemp("tiny"), TINY)
     net_log = workdir / "network_attempts.log"
-    snakemake(workdir, configfiles=[workdir / "tiny.yaml"], net_log=net_log)
+    result = snakemake(workdir, configfiles=[workdir / "tiny.yaml"], net_log=net_log)
+    (workdir / "console.txt").write_text(result.stderr)  # what Snakemake showed
     return workdir, workdir / "results" / "tiny", net_log
 
 
@@ -85,6 +88,17 @@ def test_the_frozen_stage_leaves_the_backbone_weights_unchanged(tiny_run):
     assert backbone and head
     assert all(torch.equal(before[k], after[k]) for k in backbone)
     assert any(not torch.equal(before[k], after[k]) for k in head)  # the head did train
+
+
+def test_the_console_shows_every_epoch_and_status_reads_the_finished_run(tiny_run):
+    workdir, run, _ = tiny_run
+    console = (workdir / "console.txt").read_text()
+    for stage, epochs in zip(STAGES, (1, 2, 2, 1)):
+        for epoch in range(1, epochs + 1):
+            assert f"[{stage}] epoch {epoch}/{epochs}  " in console, stage
+    status = subprocess.run([sys.executable, "-m", "stagedyolo.cli", "status", str(run)], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    assert [line.split()[:2] for line in status.splitlines()[1:]] == [[stage, "done"] for stage in STAGES]
 
 
 def test_the_run_made_no_network_attempt(tiny_run):

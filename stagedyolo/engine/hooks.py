@@ -33,11 +33,16 @@ class ValidationSchedule:
     def __init__(self, period: int, epochs: int):
         self.period, self.epochs = max(1, int(period)), int(epochs)
         self.epoch = None  # set only between an epoch's end and its fit_epoch_end, i.e. in-loop validation
+        self.last_epoch = self.epochs - 1  # earlier when the stage is ended early (EpochStop's time budget)
         self.validated: list[int] = []
         self.best_saved: list[int] = []  # epochs whose checkpoint became best.pt
 
     def should_validate(self, epoch: int) -> bool:
-        return (epoch + 1) % self.period == 0 or epoch + 1 == self.epochs
+        return (epoch + 1) % self.period == 0 or epoch == self.last_epoch
+
+    def end_at(self, epoch: int) -> None:
+        """The stage ends after `epoch`: validate it, so its checkpoint carries metrics like any final epoch."""
+        self.last_epoch = epoch
 
     def on_train_epoch_end(self, epoch):
         self.epoch = epoch

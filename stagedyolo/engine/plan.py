@@ -20,8 +20,16 @@ from stagedyolo.engine.patches import DEFAULT_MODE
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
     "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters", "engine_mode", "tune",
+    "min_warmup_iters", "engine_mode", "tune", "time_budget_min",
 )  # fmt: skip
+
+# yolov5 train.py options a stage may set under yolov5's own names; they reach its `opt` unchanged. The options
+# left out, and why, are listed in the schema's stage description and docs/options.md.
+YOLOV5_OPTIONS = (
+    "cos_lr", "rect", "multi_scale", "label_smoothing", "image_weights", "single_cls", "noautoanchor", "quad",
+    "save_period", "seed", "patience",
+)  # fmt: skip
+STAGE_KEYS += YOLOV5_OPTIONS
 
 # Smallest batch the out-of-memory retry halves down to.
 MIN_RETRY_BATCH = 2
@@ -57,8 +65,22 @@ def stage_hyp(lr0: float, overrides: dict) -> dict:
     return hyp
 
 
+def yolov5_options(spec: dict) -> dict:
+    """The stage's yolov5 options that it (or stage_defaults) sets; the rest keep yolov5's parse_opt defaults."""
+    options = {key: spec[key] for key in YOLOV5_OPTIONS if spec.get(key) is not None}
+    if options.get("save_period") == 0:
+        options["save_period"] = -1  # "off" as yolov5 spells it: its loggers compute epoch % save_period
+    return options
+
+
 def stage_names(config: dict) -> list[str]:
     return list(config["stages"])
+
+
+def run_outline(config: dict) -> list[dict]:
+    """Every stage in order with its epochs and image size: what a run's ETA is estimated from."""
+    return [{"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
+            for name in stage_names(config)]  # fmt: skip
 
 
 def previous_stage(config: dict, stage: str) -> str | None:

@@ -21,6 +21,8 @@ from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seco
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import exit_when_parent_dies
+from stagedyolo.engine.stopping import EpochStop
+from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
 
 # yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
@@ -62,6 +64,10 @@ def main(plan_path: str, plugins=()) -> int:
         serve_ram_cache(plan.get("image_store"), image_cache)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
+    stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start)
+    train.EarlyStopping = stop.early_stopping  # patience and time budget end a stage at an epoch boundary
+    register(stop, callbacks)
+    register(ProgressReport(plan, timer, schedule, stop), callbacks)
 
     outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
                "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every}  # fmt: skip
@@ -83,6 +89,7 @@ def main(plan_path: str, plugins=()) -> int:
             outcome["image_cache"] = image_cache
             if window:
                 outcome["trial"] = window.result()
+            outcome["stopped_by"] = stop.reason
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
     if outcome["status"] == "oom":
@@ -147,7 +154,13 @@ def build_opt(train, plan: dict, device: str):
     opt.nosave = plan["nosave"]
     opt.sync_bn = plan["sync_bn"]
     opt.optimizer = plan.get("optimizer", "SGD")
-    opt.seed = plan.get("seed", 0)
+    # The stage's yolov5 options, under yolov5's names (plan.YOLOV5_OPTIONS). patience reaches the EarlyStopping
+    # that train.py builds from opt, which the worker replaces with EpochStop (validated epochs only).
+    opt.patience = 0  # an older plan without options: never stop early
+    for key, value in plan.get("options", {}).items():
+        if not hasattr(opt, key):  # a yolov5 other than 7.0.14 renamed it: fail instead of silently ignoring it
+            raise RuntimeError(f"yolov5's train.py has no option {key!r}: stagedyolo supports yolov5==7.0.14")
+        setattr(opt, key, value)
     return opt
 
 

@@ -298,7 +298,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
 
     b = meta.get("batch")
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
-                                        "val_period", "plots", "nosave", "nominal_batch")}
+                                        "val_period", "plots", "nosave", "nominal_batch", "patience", "time_budget_s")}
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
     sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
           **image_cache_detail(meta.get("image_cache"))}  # fmt: skip
@@ -306,6 +306,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),
         "finished": bool(raw.get("finished", False)),
+        "stopped_by": meta.get("stopped_by"),
         "epochs_completed": sum(1 for e in epochs if e["complete"]),
         "wall_s": round(wall, 4),
         "phases": phases,
@@ -351,11 +352,16 @@ def _setup_line(sd: dict) -> str:
     return line
 
 
+# What `stopped_by` means (stagedyolo.engine.stopping), for timing.md.
+STOP_REASONS = {"patience": "patience, no better fitness on the validated epochs", "time_budget": "its time budget"}
+
+
 def timing_markdown(t: dict) -> str:
     ph = t["phases"]
     lines = [f"# Timing: {t.get('stage') or 'stage'}", "",
              f"Wall {t['wall_s']:.1f} s, {t['epochs_completed']} epoch(s) completed"
-             + ("" if t["finished"] else " (training did not finish)") + ".", "",
+             + ("" if t["finished"] else " (training did not finish)")
+             + (f" (ended early: {STOP_REASONS[t['stopped_by']]})" if t.get("stopped_by") else "") + ".", "",
              "| phase | seconds | share |", "|---|---:|---:|"]
     lines += [f"| {k} | {ph[k]['s']:.2f} | {100 * ph[k]['share']:.1f} % |" for k in PHASES]
     th, g, c = t["throughput"], t["gpu"], t["cpu"]

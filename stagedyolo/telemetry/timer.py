@@ -323,6 +323,12 @@ class StageTimer:
                     "device_name": None, "reason": f"torch.cuda unavailable: {exc!r}"}
 
     # ------------------------------------------------------------------ output
+    def current_epoch(self) -> dict | None:
+        """The epoch being finished (train_s, images, val_s once known), or the last complete one; None before any."""
+        if self._cur is not None:
+            return dict(self._cur)
+        return dict(self.epochs[-1]) if self.epochs else None
+
     def raw(self) -> dict:
         """The raw record (a plain dict; safe to call at any time, also mid-epoch after a failure)."""
         now = _pc()

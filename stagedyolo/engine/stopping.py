@@ -1,0 +1,86 @@
+"""Ending a stage early, at an epoch boundary: yolov5's `patience` judged on validated epochs only, and a time budget.
+
+yolov5 7.0's train.py builds `stopper = EarlyStopping(patience=opt.patience)`. Every epoch (rank 0) it sets
+`final_epoch = (epoch + 1 == epochs) or stopper.possible_stop` before validating, calls `stop = stopper(epoch, fi)`
+after, saves the checkpoint (a final epoch is saved even with nosave), then breaks out of the epoch loop when `stop`
+(broadcast to every DDP rank) and runs its normal ending: strip the optimizer, validate best.pt, on_train_end. That
+is the one clean exit at an epoch boundary: `callbacks.stop_training` is read after a batch and returns from train()
+at once, with no final validation and an unstripped last.pt. So the worker replaces train.EarlyStopping with
+`EpochStop.early_stopping`, which hands yolov5 this object instead.
+
+Why not yolov5's own EarlyStopping: it counts epochs since the best fitness whatever the fitness is. With val_period
+a skipped epoch's fitness is NaN (ValidationSchedule), never >= the best, so it would stop on an epoch nobody
+validated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+PATIENCE, TIME_BUDGET = "patience", "time_budget"
+
+
+class EpochStop:
+    """yolov5's EarlyStopping interface (`possible_stop`, `__call__(epoch, fitness) -> stop`), plus hooks.
+
+    - patience: stop at a validated epoch at least `patience` epochs after the best fitness (ties count as better,
+      as in yolov5); skipped epochs are never judged.
+    - time budget: at the end of an epoch's training, if the time since `started_at` plus one more epoch (the mean
+      epoch time so far) would exceed `budget_s`, this epoch is the last: it is validated and saved.
+    ``reason`` says which one ended the stage (None: it ran all its epochs).
+    """
+
+    def __init__(self, budget_s: float | None, schedule, started_at: float, clock=time.time):
+        self.budget_s, self.schedule, self.started_at, self.clock = budget_s, schedule, started_at, clock
+        self.patience = 0
+        self.best_fitness, self.best_epoch = 0.0, 0
+        self.possible_stop = False  # read by train.py: this epoch is final (validate and save it)
+        self.reason: str | None = None
+        self.train_started: float | None = None
+        self.first_epoch: int | None = None
+
+    def early_stopping(self, patience=0):
+        """Stands in for yolov5's `EarlyStopping(patience=opt.patience)`: opt (or a resumed run's opt.yaml) keeps
+        deciding the patience."""
+        self.patience = int(patience or 0)
+        return self
+
+    def on_train_start(self, *args):
+        self.train_started = self.clock()
+
+    def on_train_epoch_end(self, epoch):
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        if self._budget_ends_after(epoch):
+            self.reason = TIME_BUDGET
+            self.schedule.end_at(epoch)
+        self.possible_stop = self.reason == TIME_BUDGET or self._patience_may_stop_at(epoch)
+
+    def __call__(self, epoch: int, fitness) -> bool:
+        fitness = float(fitness)
+        if math.isfinite(fitness) and fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        if self.reason == TIME_BUDGET:
+            return True
+        if math.isfinite(fitness) and self.patience and epoch - self.best_epoch >= self.patience:
+            self.reason = PATIENCE
+            print(f"stagedyolo: stopping early at epoch {epoch}: no better fitness in the {epoch - self.best_epoch} "
+                  f"epochs since epoch {self.best_epoch} (patience {self.patience}, validated epochs only)")  # fmt: skip
+            return True
+        return False
+
+    def _patience_may_stop_at(self, epoch: int) -> bool:
+        """Whether this epoch's validation may end the stage (then train.py saves it even with nosave)."""
+        return bool(self.patience) and self.schedule.should_validate(epoch) and epoch - self.best_epoch >= self.patience
+
+    def _budget_ends_after(self, epoch: int) -> bool:
+        if self.budget_s is None or self.train_started is None or epoch + 1 >= self.schedule.epochs:
+            return False
+        now = self.clock()
+        mean_epoch_s = (now - self.train_started) / (epoch - self.first_epoch + 1)
+        ends = now - self.started_at + mean_epoch_s > self.budget_s
+        if ends:
+            print(f"stagedyolo: time budget: epoch {epoch} is the last ({now - self.started_at:.0f} s used, one more "
+                  f"epoch ~{mean_epoch_s:.0f} s, budget {self.budget_s:.0f} s)")  # fmt: skip
+        return ends

@@ -1,0 +1,134 @@
+"""A running stage's progress: one line per epoch in Snakemake's console, and what `stagedyolo status` reads.
+
+The worker's `ProgressReport` hook writes `work/<stage>/progress.json` after every epoch (rank 0 only) and prints
+the line into the stage's log. The worker's output goes to that log, not to the console, so the supervisor runs a
+`ProgressRelay` that prints each new record's line to its own stderr, which Snakemake shows:
+
+    [frozen] epoch 3/6  412.3 img/s  mAP50 0.812  stage ETA 0:00:12  run ETA 0:01:05
+
+ETAs: the stage's is its remaining epochs at its mean epoch time so far (validation and checkpoints included),
+capped by its time budget. The run's adds every later stage's epochs at that same time per epoch, scaled by its
+pixel count ((img / this img)^2): a rough figure, since a frozen backbone or another batch trains at another speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from stagedyolo.jsonio import read_json, write_json
+
+PROGRESS_FILE = "progress.json"
+MAP50 = 5  # index of mAP50 in yolov5's on_fit_epoch_end log_vals: 3 train losses, then P, R, mAP50, ...
+
+
+class ProgressReport:
+    """Hook on yolov5's Callbacks: after every epoch's validation, write progress.json and log the line."""
+
+    def __init__(self, plan: dict, timer, schedule, stop, clock=time.time):
+        self.plan, self.timer, self.schedule, self.stop, self.clock = plan, timer, schedule, stop, clock
+        self.path = Path(plan["work_dir"]) / PROGRESS_FILE
+        self.world = int(os.environ.get("WORLD_SIZE", 1))  # the timer counts rank 0's share of each batch
+        self.train_started: float | None = None
+        self.first_epoch: int | None = None
+
+    def on_train_start(self, *args):
+        self.train_started = self.clock()
+
+    def on_train_epoch_end(self, epoch):
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+
+    def on_fit_epoch_end(self, log_vals, epoch, best_fitness, fi):
+        if self.first_epoch is None or self.train_started is None:
+            return  # not an in-loop epoch (yolov5 calls it once more after training on COCO)
+        current = self.timer.current_epoch() or {}
+        now = self.clock()
+        mean_epoch_s = (now - self.train_started) / (epoch - self.first_epoch + 1)
+        remaining = 0 if self.stop.reason else max(0, self.schedule.last_epoch - epoch)
+        stage_eta = remaining * mean_epoch_s
+        if self.plan.get("time_budget_s"):
+            stage_eta = min(stage_eta, max(0.0, self.plan["time_budget_s"] - (now - self.stop.started_at)))
+        map50 = float(log_vals[MAP50]) if len(log_vals) > MAP50 else math.nan
+        train_s, images = current.get("train_s") or 0.0, (current.get("images") or 0) * self.world
+        record = {
+            "stage": self.plan["stage"],
+            "epoch": epoch + 1,
+            "epochs": self.plan["epochs"],
+            "images_per_s": round(images / train_s, 2) if train_s > 0 else None,
+            "mean_epoch_s": round(mean_epoch_s, 3),
+            "map50": round(map50, 4) if math.isfinite(map50) else None,
+            "stage_eta_s": round(stage_eta, 1),
+            "run_eta_s": round(stage_eta + later_stages_s(self.plan, mean_epoch_s), 1),
+            "stopping": self.stop.reason,
+            "updated": now,
+        }
+        write_json(self.path, record)
+        print(progress_line(record), flush=True)
+
+
+def later_stages_s(plan: dict, mean_epoch_s: float) -> float:
+    """The stages after this one, at this stage's time per epoch scaled by their pixel count."""
+    names = [entry["stage"] for entry in plan.get("run_stages") or []]
+    if plan["stage"] not in names:
+        return 0.0
+    later = plan["run_stages"][names.index(plan["stage"]) + 1 :]
+    return sum(entry["epochs"] * mean_epoch_s * (entry["img"] / plan["img"]) ** 2 for entry in later)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(record: dict) -> str:
+    speed = f"{record['images_per_s']:.1f} img/s" if record.get("images_per_s") else "? img/s"
+    parts = [f"[{record['stage']}] epoch {record['epoch']}/{record['epochs']}", speed]
+    if record.get("map50") is not None:
+        parts.append(f"mAP50 {record['map50']:.3f}")
+    parts += [f"stage ETA {duration(record.get('stage_eta_s'))}", f"run ETA {duration(record.get('run_eta_s'))}"]
+    if record.get("stopping"):
+        parts.append(f"(ending: {record['stopping']})")
+    return "  ".join(parts)
+
+
+class ProgressRelay:
+    """Prints each new progress.json record's line to `stream` while a stage runs (a thread in the supervisor)."""
+
+    def __init__(self, work_dir: str | Path, stream=None, interval_s: float = 0.5):
+        self.path = Path(work_dir) / PROGRESS_FILE
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self._seen = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stagedyolo-progress", daemon=True)
+
+    def __enter__(self):
+        self._seen = self._key(read_json(self.path))  # a resumed stage's last record was already shown
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self.poll()  # the last epoch, written just before the worker exited
+
+    def _run(self):
+        while not self._done.wait(self.interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        record = read_json(self.path)
+        if record and self._key(record) != self._seen:
+            self._seen = self._key(record)
+            print(progress_line(record), file=self.stream, flush=True)
+
+    @staticmethod
+    def _key(record):
+        return (record.get("epoch"), record.get("updated")) if record else None
