@@ -1,12 +1,9 @@
 # Helpers: every decision the rules need is a named get_* function; the logic lives in the stagedyolo package.
-import os
-from pathlib import Path
-
 from snakemake.utils import validate
 
 import yaml
 
-import stagedyolo
+from stagedyolo.checkout import share_checkout_with_jobs
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.engine.plan import (
     available_cores,
@@ -26,13 +23,7 @@ check_config(config)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 
-# A conda env from envs/ (--sdm conda) holds the dependencies but not stagedyolo itself: jobs get the source
-# checkout this Snakemake imported it from. An installed (wheel) stagedyolo is left to the job's own environment.
-CHECKOUT = Path(stagedyolo.__file__).resolve().parent.parent
-if (CHECKOUT / "pyproject.toml").is_file():
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p
-    )
+share_checkout_with_jobs()  # jobs in a conda env from envs/ get stagedyolo from this checkout
 
 
 def get_final_outputs():
