@@ -140,8 +140,10 @@ def compare_predictions(reference: np.ndarray, candidate: np.ndarray, box_tolera
 
 
 def detections(prediction: np.ndarray) -> np.ndarray:
-    """(n, 6) boxes x1 y1 x2 y2 conf class kept by yolov5's own NMS, most confident first."""
+    """(n, 6) boxes x1 y1 x2 y2 conf class kept by yolov5's own NMS, by class, then position: NMS orders them by
+    confidence, and two equally confident boxes may swap places between two models without anything being wrong."""
     import torch
     from yolov5.utils.general import non_max_suppression
 
-    return non_max_suppression(torch.from_numpy(prediction), CONF_THRESHOLD, IOU_THRESHOLD)[0].numpy()
+    kept = non_max_suppression(torch.from_numpy(prediction), CONF_THRESHOLD, IOU_THRESHOLD)[0].numpy()
+    return kept[np.lexsort((kept[:, 1], kept[:, 0], kept[:, 5]))]

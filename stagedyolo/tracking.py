@@ -50,7 +50,7 @@ def stage_params(stage_dir: Path) -> dict:
 
 def stage_epoch_metrics(stage_dir: Path) -> list[tuple[str, float, int]]:
     """(name, value, epoch): every results.csv column (losses, precision, recall, mAP, LRs) and the timing of each
-    epoch (timing/<field>). Epochs that were not validated carry no metric rather than a zero."""
+    epoch (epoch/<field> from timing.json). Epochs that were not validated carry no metric rather than a zero."""
     import pandas as pd
 
     out = []
@@ -61,18 +61,17 @@ def stage_epoch_metrics(stage_dir: Path) -> list[tuple[str, float, int]]:
         for _, row in frame.iterrows():
             out += [(column, row[column], int(row["epoch"])) for column in frame.columns if column != "epoch"]
     for epoch in (read_json(stage_dir / "timing.json") or {}).get("epochs") or []:
-        out += [(f"timing/{k}", v, int(epoch["epoch"])) for k, v in epoch.items() if k != "epoch"]
+        out += [(f"epoch/{k}", v, int(epoch["epoch"])) for k, v in epoch.items() if k != "epoch"]
     return [(name, float(value), step) for name, value, step in out if _finite(value)]
 
 
 def stage_summary_metrics(stage_dir: Path) -> dict:
     """The stage's timing report in one number each: wall time, seconds per phase, steady throughput, data wait."""
     timing = read_json(stage_dir / "timing.json") or {}
-    summary = {"timing/wall_s": timing.get("wall_s"), "timing/epochs_completed": timing.get("epochs_completed")}
-    summary.update({f"timing/phase_{k}_s": (v or {}).get("s") for k, v in (timing.get("phases") or {}).items()})
-    summary.update({f"timing/{k}": v for k, v in (timing.get("throughput") or {}).items()
-                    if k.startswith("steady_")})  # fmt: skip
-    summary["timing/data_wait_share"] = (timing.get("data_wait") or {}).get("share")
+    summary = {"stage/wall_s": timing.get("wall_s"), "stage/epochs_completed": timing.get("epochs_completed")}
+    summary.update({f"stage/phase_{k}_s": (v or {}).get("s") for k, v in (timing.get("phases") or {}).items()})
+    summary.update({f"stage/{k}": v for k, v in (timing.get("throughput") or {}).items() if k.startswith("steady_")})
+    summary["stage/data_wait_share"] = (timing.get("data_wait") or {}).get("share")
     return {k: float(v) for k, v in summary.items() if _finite(v)}
 
 

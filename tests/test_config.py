@@ -19,6 +19,8 @@ SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").r
         ("model:\n  weights: yolov5s.pt\n", "model.weights: 'yolov5s.pt' does not exist"),
         ("stage_defaults:\n  gpus: 4\n  batch: 30\n", "stages.smoke.batch: 30 is the total batch over 4 GPUs"),
         ("stages:\n  smoke:\n    hyp: {lr_zero: 1}\n", "stages.smoke.hyp: unknown hyp key(s) ['lr_zero']"),
+        ("tracking:\n  backend: wandb\n", "'wandb' is not one of ['none', 'mlflow', 'tensorboard']"),
+        ("export:\n  formats: [tflite]\n", "'tflite' is not one of ['onnx', 'torchscript']"),
     ],
 )
 def test_a_bad_config_fails_before_any_job_with_a_clear_message(tmp_path, override, expected):
