@@ -10,6 +10,8 @@ rule export:
         check=f"{RUN}/export/export.json",
     log:
         f"{RUN}/logs/export.log",
+    benchmark:
+        f"{RUN}/benchmarks/export.tsv"
     conda:
         "../../envs/stagedyolo.yaml"
     threads: get_train_threads()

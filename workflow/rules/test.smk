@@ -10,6 +10,8 @@ rule evaluate_test:
         md=f"{RUN}/test/test_metrics.md",
     log:
         f"{RUN}/logs/evaluate_test.log",
+    benchmark:
+        f"{RUN}/benchmarks/evaluate_test.tsv"
     conda:
         "../../envs/stagedyolo.yaml"
     threads: get_train_threads()
