@@ -71,7 +71,8 @@ def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, d
         val.ap_per_class = ap_per_class
     return {"test_split": data["splits"]["test"], "weights": str(Path(weights).resolve()), "img": img,
             "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
-            "classes": per_class(data["names"], captured), "ms_per_image": dict(zip(("pre", "inference", "nms"), speed))}  # fmt: skip
+            "classes": per_class(data["names"], captured),
+            "ms_per_image": dict(zip(("pre", "inference", "nms"), speed))}  # fmt: skip
 
 
 def per_class(names: list[str], captured: dict) -> list[dict]:
@@ -93,13 +94,21 @@ def markdown(result: dict, heading: str = "#") -> str:
     """The test table (also the report's "Test split" section, one heading level down)."""
     if result.get("test_split") is None:
         return f"{heading} Test split\n\nNo test-split score: {result['reason']}.\n"
-    rows = [{"class": "all", "instances": sum(r["instances"] for r in result["classes"]), **result["all"]},
-            *result["classes"]]  # fmt: skip
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
+    for row in table_rows(result):
         lines.append("| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |")
-    return (f"{heading} Test split\n\nWeights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
-            "(yolov5 val.py, task test).\n\n" + "\n".join(lines) + "\n")  # fmt: skip
+    return (f"{heading} Test split\n\n{caption(result)}\n\n" + "\n".join(lines) + "\n")
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The `all` row, then one per class."""
+    total = sum(row["instances"] for row in result["classes"])
+    return [{"class": "all", "instances": total, **result["all"]}, *result["classes"]]
+
+
+def caption(result: dict) -> str:
+    return (f"Weights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
+            "(yolov5 val.py, task test).")  # fmt: skip
 
 
 def _cell(value) -> str:

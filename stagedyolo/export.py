@@ -134,7 +134,8 @@ def compare_predictions(reference: np.ndarray, candidate: np.ndarray, box_tolera
     record = {"anchors": int(reference.shape[1]), "raw_max_box_diff_px": box_diff, "raw_max_score_diff": score_diff,
               "detections": len(kept_ref), "detections_exported": len(kept)}  # fmt: skip
     same_boxes = len(kept) == len(kept_ref) and np.array_equal(kept[:, 5], kept_ref[:, 5])
-    record["detections_max_box_diff_px"] = float(np.abs(kept[:, :4] - kept_ref[:, :4]).max()) if same_boxes and len(kept) else None
+    kept_diff = float(np.abs(kept[:, :4] - kept_ref[:, :4]).max()) if same_boxes and len(kept) else None
+    record["detections_max_box_diff_px"] = kept_diff
     record["passed"] = bool(same_boxes and box_diff <= box_tolerance_px and score_diff <= score_tolerance)
     return record
 

@@ -341,11 +341,14 @@ def _test_html(test: dict | None) -> str:
         return ""
     if test.get("test_split") is None:
         return f"<h2>Test split</h2><p>No test-split score: {test['reason']}.</p>"
+    import html
+
     import pandas as pd
 
-    rows = [{"class": "all", "instances": sum(r["instances"] for r in test["classes"]), **test["all"]}, *test["classes"]]
-    table = pd.DataFrame(rows).to_html(index=False, na_rep="n/a", float_format=lambda v: f"{v:.4f}")
-    return f"<h2>Test split</h2><p>Weights {test['weights']} at {test['img']} px.</p>{table}"
+    from stagedyolo.evaluate import caption, table_rows
+
+    table = pd.DataFrame(table_rows(test)).to_html(index=False, na_rep="n/a", float_format=lambda v: f"{v:.4f}")
+    return f"<h2>Test split</h2><p>{html.escape(caption(test))}</p>{table}"
 
 
 def build_report_for_rule(timings, summary_md, log_path=None, test_metrics=None, **_unused) -> dict:

@@ -187,7 +187,8 @@ def test_mlflow_holds_every_stage_under_one_run(tiny_run):
         stage_run = runs[stage]
         assert stage_run.data.tags["mlflow.parentRunId"] == parent
         plan = json.loads((run / "stages" / stage / "stage.json").read_text())
-        assert stage_run.data.params["epochs"] == str(plan["epochs"]) and stage_run.data.params["img"] == str(plan["img"])
+        params = stage_run.data.params
+        assert params["epochs"] == str(plan["epochs"]) and params["img"] == str(plan["img"])
         logged = [m.value for m in client.get_metric_history(stage_run.info.run_id, "train/box_loss")]
         assert logged == pytest.approx(read_results(run / "stages" / stage)["train/box_loss"].tolist())
         timing = json.loads((run / "stages" / stage / "timing.json").read_text())

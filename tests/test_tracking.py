@@ -36,8 +36,9 @@ def run_dir(tmp_path):
 
 def track_all(run_dir, settings):
     for stage in ("frozen", "finetune"):
-        track_stage_for_rule(str(run_dir / "stages" / stage), str(run_dir / "tracking" / "stages" / f"{stage}.json"),
-                             settings=settings, run_name="demo", log_path=str(run_dir / "logs" / f"{stage}.log"))  # fmt: skip
+        record = run_dir / "tracking" / "stages" / f"{stage}.json"
+        track_stage_for_rule(str(run_dir / "stages" / stage), str(record), settings=settings, run_name="demo",
+                             log_path=str(run_dir / "logs" / f"{stage}.log"))  # fmt: skip
     test = run_dir / "test" / "test_metrics.json"
     test.parent.mkdir()
     test.write_text(json.dumps({"test_split": ["/t"], "all": {"precision": 0.5, "recall": 0.4, "ap50": 0.6,
