@@ -112,7 +112,7 @@ def _allows_string(node: dict, root: dict) -> bool:
 
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
-    problems = [*_check_dataset(config, workdir), *_check_model(config, workdir)]
+    problems = [*_check_dataset(config, workdir), *_check_model(config, workdir), *_check_tracking(config)]
     for stage in stage_names(config):
         problems += _check_stage(config, stage)
     if problems:
@@ -147,6 +147,15 @@ def _check_model(config: dict, workdir: Path) -> list[str]:
         problems.append(f"model.cfg: {cfg!r} is neither a file nor a model yaml shipped with yolov5 "
                         "(yolov5n.yaml, yolov5s.yaml, yolov5m.yaml, ...).")  # fmt: skip
     return problems
+
+
+def _check_tracking(config: dict) -> list[str]:
+    import importlib.util
+
+    if (config.get("tracking") or {}).get("backend") == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        return ["tracking.backend: mlflow needs the mlflow package, which is not installed. Fix: pip install "
+                "'stagedyolo[tracking]' (mlflow-skinny), or set tracking.backend to none or tensorboard."]  # fmt: skip
+    return []
 
 
 def _check_stage(config: dict, stage: str) -> list[str]:

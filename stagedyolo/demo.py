@@ -27,16 +27,21 @@ class DemoSpec:
     classes: tuple[str, ...]
     train_images: int
     val_images: int
+    test_images: int = 0  # held out: scored once, by the evaluate_test rule, after the last stage
     image_size: int = 160
     max_objects: int = 6
     seed: int = 0
 
 
 def write_demo_dataset(root: str | Path, spec: DemoSpec) -> Path:
-    """Write `root/{images,labels}/{train,val}` and `root/data.yaml`; returns the data.yaml path."""
+    """Write `root/{images,labels}/{train,val[,test]}` and `root/data.yaml`; returns the data.yaml path. The test
+    images are drawn after the others, so adding them leaves the train and val images as they were."""
     root = Path(root)
     rng = random.Random(spec.seed)
-    for split, count in (("train", spec.train_images), ("val", spec.val_images)):
+    splits = {"train": spec.train_images, "val": spec.val_images, "test": spec.test_images}
+    for split, count in splits.items():
+        if not count:
+            continue
         (root / "images" / split).mkdir(parents=True, exist_ok=True)
         (root / "labels" / split).mkdir(parents=True, exist_ok=True)
         for i in range(count):
@@ -49,6 +54,7 @@ def write_demo_dataset(root: str | Path, spec: DemoSpec) -> Path:
         "path": str(root.resolve()),
         "train": "images/train",
         "val": "images/val",
+        **({"test": "images/test"} if spec.test_images else {}),
         "nc": len(spec.classes),
         "names": list(spec.classes),
     }
@@ -57,10 +63,12 @@ def write_demo_dataset(root: str | Path, spec: DemoSpec) -> Path:
     return data_yaml
 
 
-def write_demo(root: str | Path, train_images: int = 256, val_images: int = 64, seed: int = 0) -> dict:
-    """Both demo sets under `root`; returns {"target": data.yaml, "pretrain": data.yaml}."""
+def write_demo(root: str | Path, train_images: int = 256, val_images: int = 64, seed: int = 0,
+               test_images: int = 0) -> dict:  # fmt: skip
+    """Both demo sets under `root` (a test split in the target set only); returns {"target": data.yaml,
+    "pretrain": data.yaml}."""
     root = Path(root)
-    target = DemoSpec(TARGET_CLASSES, train_images, val_images, seed=seed)
+    target = DemoSpec(TARGET_CLASSES, train_images, val_images, test_images, seed=seed)
     pretrain = DemoSpec(PRETRAIN_CLASSES, train_images, val_images, seed=seed + 1000)
     return {
         "target": write_demo_dataset(root / "target", target),
@@ -152,7 +160,8 @@ def write_demo_for_rule(target_yaml: str, pretrain_yaml: str, settings: dict, lo
     """The demo_dataset rule: both sets, each where the rule's outputs say."""
     written = []
     for data_yaml, spec in (
-        (target_yaml, DemoSpec(TARGET_CLASSES, settings["train_images"], settings["val_images"], seed=settings["seed"])),
+        (target_yaml, DemoSpec(TARGET_CLASSES, settings["train_images"], settings["val_images"],
+                               settings["test_images"], seed=settings["seed"])),  # fmt: skip
         (pretrain_yaml, DemoSpec(PRETRAIN_CLASSES, settings["train_images"], settings["val_images"],
                                  seed=settings["seed"] + 1000)),  # fmt: skip
     ):

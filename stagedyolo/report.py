@@ -1,7 +1,8 @@
 """Cross-stage report: one table, plots, all diagnoses and TensorBoard scalars.
 
-``build_report(stage_dirs, out_dir)`` reads, per stage dir: timing.json, telemetry.csv, diagnosis.json and
-results.csv (yolov5 format). Missing files are tolerated (the stage shows n/a). Every plotted series is also
+``build_report(stage_dirs, out_dir, test_metrics)`` reads, per stage dir: timing.json, telemetry.csv, diagnosis.json
+and results.csv (yolov5 format), and the evaluate_test rule's test_metrics.json (the "Test split" section). Missing
+files are tolerated (the stage shows n/a). Every plotted series is also
 written to ``plot_data.json`` so tests and readers can check what was drawn.
 """
 
@@ -224,7 +225,7 @@ def plot_map50(data):
     return _epoch_lines(data["map50"], "map50", "mAP@0.5", "Validation mAP@0.5 across stages", data["stage_bounds"][:-1])
 
 
-class _ScalarWriter:
+class ScalarWriter:
     """Scalar-only TensorBoard writer on tensorboard's own EventFileWriter: the same event files
     torch.utils.tensorboard.SummaryWriter writes (it wraps the same class), without importing torch (~5 s)."""
 
@@ -252,7 +253,7 @@ def write_tensorboard(data, logdir) -> Path:
     utilization/<stage>/gpu<k>_util_pct per telemetry sample (step = sample index, walltime = sample time)."""
     logdir = Path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    w = _ScalarWriter(logdir)
+    w = ScalarWriter(logdir)
     try:
         d = data["throughput"]
         for x, y, s in zip(d["x"], d["images_per_s"], d["stage"]):
@@ -290,9 +291,11 @@ def _diagnoses_md(stages) -> str:
     return "\n".join(out)
 
 
-def build_report(stage_dirs: dict, out_dir) -> dict:
+def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
     """Write the cross-stage report into ``out_dir``; return {key: path} for every file/dir in FILES."""
     import pandas as pd
+
+    from stagedyolo.evaluate import markdown as test_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,7 +308,10 @@ def build_report(stage_dirs: dict, out_dir) -> dict:
 
     df.to_csv(paths["table_csv"], index=False)
     diag_md = _diagnoses_md(stages)
-    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + diag_md + "\n")
+    test = read_json(test_metrics) if test_metrics else None
+    test_md = test_markdown(test, heading="##") if test else ""
+    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + test_md
+                                 + "\n" + diag_md + "\n")  # fmt: skip
     imgs = "".join(f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
                    for k in ("phases_png", "utilization_png", "throughput_png", "map50_png"))
     diag_html = "".join(
@@ -315,7 +321,7 @@ def build_report(stage_dirs: dict, out_dir) -> dict:
     paths["table_html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"
         f"<h2>Stages</h2>{df.to_html(index=False, na_rep='n/a', float_format=lambda v: f'{v:.4g}')}"
-        f"<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
+        f"{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
 
     plt = _mpl()
     for key, fn in (("phases_png", plot_phases), ("utilization_png", plot_utilization),
@@ -330,7 +336,22 @@ def build_report(stage_dirs: dict, out_dir) -> dict:
     return paths
 
 
-def build_report_for_rule(timings, summary_md, log_path=None, **_unused) -> dict:
+def _test_html(test: dict | None) -> str:
+    if not test:
+        return ""
+    if test.get("test_split") is None:
+        return f"<h2>Test split</h2><p>No test-split score: {test['reason']}.</p>"
+    import html
+
+    import pandas as pd
+
+    from stagedyolo.evaluate import caption, table_rows
+
+    table = pd.DataFrame(table_rows(test)).to_html(index=False, na_rep="n/a", float_format=lambda v: f"{v:.4f}")
+    return f"<h2>Test split</h2><p>{html.escape(caption(test))}</p>{table}"
+
+
+def build_report_for_rule(timings, summary_md, log_path=None, test_metrics=None, **_unused) -> dict:
     """Snakemake adapter: ``timings`` are the stages' timing.json paths in stage order (stage name = folder name);
     everything is written next to ``summary_md``. Extra keyword arguments are accepted and ignored."""
     import logging
@@ -346,7 +367,7 @@ def build_report_for_rule(timings, summary_md, log_path=None, **_unused) -> dict
         log.setLevel(logging.INFO)
     try:
         log.info("report for stages %s -> %s", list(stage_dirs), out_dir)
-        paths = build_report(stage_dirs, out_dir)
+        paths = build_report(stage_dirs, out_dir, test_metrics)
         for k, p in paths.items():
             log.info("%s: %s", k, p)
         return paths

@@ -22,6 +22,8 @@ SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").r
         ("run: ..\n", "run: '..' must be a plain folder name"),  # would write (and clean up) above results_dir
         ("results_dir: ../elsewhere\n", "results_dir: '../elsewhere' contains '..'"),
         ("engine:\n  warm_start: true\n", "engine.warm_start: the warm-start server was removed"),
+        ("tracking:\n  backend: wandb\n", "'wandb' is not one of ['none', 'mlflow', 'tensorboard']"),
+        ("export:\n  formats: [tflite]\n", "'tflite' is not one of ['onnx', 'torchscript']"),
     ],
 )
 def test_a_bad_config_fails_before_any_job_with_a_clear_message(tmp_path, override, expected):

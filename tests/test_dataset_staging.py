@@ -194,3 +194,18 @@ def test_prepare_fails_by_policy_and_keeps_the_report_in_the_log(ds, tmp_path):
         )
     assert "corrupt JPEG (truncated)" in (tmp_path / "log.txt").read_text()
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_test_split_is_staged_and_named_in_the_working_data_yaml(tmp_path):
+    from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
+
+    source = write_demo_dataset(tmp_path / "src", DemoSpec(TARGET_CLASSES, 6, 3, 4))
+    before = tree_sha256(source.parent)
+    cache = tmp_path / "cache"
+    s = stage(source, cache)
+    data = yaml.safe_load((cache / "data.yaml").read_text())
+    assert data["test"] == str(cache / "test" / "images") and s["images"] == {"train": 6, "val": 3, "test": 4}
+    staged = sorted((cache / "test" / "images").glob("*.jpg"))
+    assert [p.name for p in staged] == [f"test_{i:04d}.jpg" for i in range(4)]
+    assert all(os.path.isfile(img2label_path(str(p))) for p in staged)
+    assert tree_sha256(source.parent) == before

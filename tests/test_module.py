@@ -12,7 +12,7 @@ from snakemake_runner import REPO, SNAKEMAKE, planned_jobs
 EXAMPLE = REPO / "examples" / "another-project"
 TAG = "v0.1.0"
 MODULE_RULES = ["demo_dataset", "verify_env", "demo_pretrain", "prepare_dataset", "cache_dataset", "probe",
-                "train_stage", "report"]  # fmt: skip
+                "train_stage", "evaluate_test", "report", "export"]  # fmt: skip
 # The example's profile, spelled out: the same triggers with Snakemake's `code` added back.
 ALL_TRIGGERS = ["--rerun-triggers", "mtime", "params", "input", "software-env", "code"]
 

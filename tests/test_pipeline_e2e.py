@@ -14,16 +14,21 @@ from stagedyolo.telemetry import validate_timing
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "tests" / "configs" / "tiny.yaml"
+MLFLOW = REPO / "tests" / "configs" / "mlflow.yaml"  # the same run logs to a local MLflow store
 STAGES = ["smoke", "frozen", "finetune", "highres"]
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    workdir = make_workdir(tmp_path_factory.mktemp("tiny"), TINY)
+    workdir = make_workdir(tmp_path_factory.mktemp("tiny"), TINY, MLFLOW)
     net_log = workdir / "network_attempts.log"
-    result = snakemake(workdir, configfiles=[workdir / "tiny.yaml"], net_log=net_log)
+    result = snakemake(workdir, configfiles=configs(workdir), net_log=net_log)
     (workdir / "console.txt").write_text(result.stderr)  # what Snakemake showed
     return workdir, workdir / "results" / "tiny", net_log
+
+
+def configs(workdir: Path) -> list[Path]:
+    return [workdir / TINY.name, workdir / MLFLOW.name]
 
 
 def read_results(stage_dir: Path) -> pd.DataFrame:
@@ -108,14 +113,15 @@ def test_the_run_made_no_network_attempt(tiny_run):
 
 def test_a_finished_run_plans_nothing(tiny_run):
     workdir, _, _ = tiny_run
-    result = snakemake(workdir, "-n", configfiles=[workdir / "tiny.yaml"])
+    result = snakemake(workdir, "-n", configfiles=configs(workdir))
     assert planned_jobs(result.stdout) == {}, result.stdout[-2000:]
 
 
 def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
     workdir, _, _ = tiny_run
-    result = snakemake(workdir, "-n", "--config", "stages={finetune: {epochs: 3}}", configfiles=[workdir / "tiny.yaml"])
-    assert planned_jobs(result.stdout) == {"train_stage": 2, "report": 1, "all": 1}, result.stdout[-3000:]
+    result = snakemake(workdir, "-n", "--config", "stages={finetune: {epochs: 3}}", configfiles=configs(workdir))
+    assert planned_jobs(result.stdout) == {"train_stage": 2, "evaluate_test": 1, "export": 1, "report": 1,
+                                           "track_stage": 2, "track_run": 1, "all": 1}, result.stdout[-3000:]  # fmt: skip
     assert "stage=finetune" in result.stdout and "stage=highres" in result.stdout
 
 
@@ -133,6 +139,71 @@ def test_the_report_renders_and_snakemake_report_embeds_it(tiny_run):
     assert [m for m in plotted_map if m is not None] == pytest.approx(finetune_map)
     summary = (run / "report" / "summary.md").read_text()
     assert all(f"[{stage}]" in summary for stage in STAGES)  # every stage's verdict
-    snakemake(workdir, "--report", "report.html", configfiles=[workdir / "tiny.yaml"])
+    snakemake(workdir, "--report", "report.html", configfiles=configs(workdir))
     html = (workdir / "report.html").read_text()
     assert all(f"{name}.png" in html for name in plots) and "summary.html" in html
+
+
+def test_the_onnx_export_gives_pytorchs_boxes_on_a_test_image(tiny_run):
+    """Independently of the export rule's own check: the test's own preprocessing and model loading."""
+    import numpy as np
+    import onnxruntime
+    from PIL import Image
+
+    _, run, _ = tiny_run
+    check = json.loads((run / "export" / "export.json").read_text())
+    assert check["passed"] and set(check["formats"]) == {"onnx", "torchscript"}
+    assert check["image"].endswith("test_0000.jpg") and check["img"] == 96  # a held-out image, at highres' size
+    image = Image.open(check["image"]).convert("RGB").resize((96, 96), Image.BILINEAR)  # square: no letterbox bars
+    x = (np.asarray(image, dtype=np.float32) / 255).transpose(2, 0, 1)[None].copy()
+    model = torch.load(run / "stages" / "highres" / "weights" / "last.pt", map_location="cpu", weights_only=False)
+    model = model["model"].float().fuse().eval()
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x))[0].numpy()
+    session = onnxruntime.InferenceSession(str(run / "export" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"images": x})[0]
+    assert got.shape == expected.shape == (1, 3 * (12 * 12 + 6 * 6 + 3 * 3), 5 + 3)  # anchors at strides 8, 16, 32
+    np.testing.assert_allclose(got[..., :4], expected[..., :4], atol=0.01)  # pixels
+    np.testing.assert_allclose(got[..., 4:], expected[..., 4:], atol=1e-4)
+    assert (run / "export" / "model.torchscript").stat().st_size > 1_000_000
+
+
+def test_the_test_split_is_scored_per_class_and_reported(tiny_run):
+    _, run, _ = tiny_run
+    metrics = json.loads((run / "test" / "test_metrics.json").read_text())
+    labels = [line.split()[0] for f in (run / "demo" / "target" / "labels" / "test").glob("*.txt")
+              for line in f.read_text().splitlines() if line.strip()]  # fmt: skip
+    assert len(list((run / "demo" / "target" / "images" / "test").glob("*.jpg"))) == 8
+    assert [c["class"] for c in metrics["classes"]] == ["circle", "square", "triangle"]
+    assert [c["instances"] for c in metrics["classes"]] == [labels.count(str(k)) for k in range(3)]
+    for row in [metrics["all"], *(c for c in metrics["classes"] if c["instances"])]:
+        assert 0 <= row["ap50_95"] <= row["ap50"] <= 1
+    summary = (run / "report" / "summary.md").read_text()
+    assert "## Test split" in summary and "| circle |" in summary.split("## Test split")[1]
+
+
+def test_mlflow_holds_every_stage_under_one_run(tiny_run):
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    _, run, _ = tiny_run
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    client = MlflowClient(tracking_uri=(run / "tracking" / "mlflow").resolve().as_uri())
+    experiment = client.get_experiment_by_name("stagedyolo")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"tiny", *STAGES}
+    parent = runs["tiny"].info.run_id
+    assert runs["tiny"].info.status == "FINISHED" and "test/ap50" in runs["tiny"].data.metrics
+    for stage in STAGES:
+        stage_run = runs[stage]
+        assert stage_run.data.tags["mlflow.parentRunId"] == parent
+        plan = json.loads((run / "stages" / stage / "stage.json").read_text())
+        params = stage_run.data.params
+        assert params["epochs"] == str(plan["epochs"]) and params["img"] == str(plan["img"])
+        logged = [m.value for m in client.get_metric_history(stage_run.info.run_id, "train/box_loss")]
+        assert logged == pytest.approx(read_results(run / "stages" / stage)["train/box_loss"].tolist())
+        timing = json.loads((run / "stages" / stage / "timing.json").read_text())
+        assert stage_run.data.metrics["stage/wall_s"] == pytest.approx(timing["wall_s"])
+        artifacts = {a.path for a in client.list_artifacts(stage_run.info.run_id)}
+        assert {"timing.json", "results.csv", "stage.json", "weights"} <= artifacts

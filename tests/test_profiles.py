@@ -111,7 +111,7 @@ def test_the_slurm_profile_plans_the_whole_pipeline(slurm_run):
     _, dry, _, jobs, _ = slurm_run
     assert planned_jobs(dry.stdout + dry.stderr) == {
         "demo_dataset": 1, "verify_env": 1, "demo_pretrain": 1, "prepare_dataset": 1, "cache_dataset": 1,
-        "probe": 1, "train_stage": 2, "report": 1, "all": 1,
+        "probe": 1, "train_stage": 2, "evaluate_test": 1, "report": 1, "export": 1, "all": 1,
     }  # fmt: skip
     assert "train_stage:stage=two" in jobs and jobs["train_stage:stage=two"]
 

@@ -152,3 +152,20 @@ def test_build_report_for_rule(two_stages, tmp_path):
     rows = list(csv.DictReader(open(paths["table_csv"])))
     assert [r["stage"] for r in rows] == ["a", "b"]  # folder names, in the given order
     assert "phases_png" in log.read_text()
+
+
+def test_the_report_shows_the_test_split_table(two_stages, tmp_path):
+    dirs = two_stages[0]
+    metrics = tmp_path / "test_metrics.json"
+    metrics.write_text(json.dumps({"test_split": ["/data/test"], "weights": "last.pt", "img": 160,
+                                   "all": {"precision": 0.9, "recall": 0.8, "ap50": 0.95, "ap50_95": 0.7},
+                                   "classes": [{"class": "circle", "instances": 5, "precision": 0.9, "recall": 0.8,
+                                                "ap50": 0.95, "ap50_95": 0.7}]}))  # fmt: skip
+    paths = build_report(dirs, tmp_path / "report", test_metrics=metrics)
+    summary = paths["table_md"].read_text()
+    assert "## Test split" in summary and "| circle | 5 | 0.9000 | 0.8000 | 0.9500 | 0.7000 |" in summary
+    assert "<h2>Test split</h2>" in paths["table_html"].read_text()
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps({"test_split": None, "reason": "data.yaml has no test: split"}))
+    paths = build_report(dirs, tmp_path / "report2", test_metrics=none)
+    assert "No test-split score: data.yaml has no test: split." in paths["table_md"].read_text()

@@ -20,6 +20,7 @@ CONFIG = {
     "probe": {"enabled": False},
     "stage_defaults": {"img": 64, "batch": 8, "workers": 1},
     "stages": {"smoke": {"epochs": 1, "start_from": "model"}, "finetune": {"epochs": 1}},
+    "export": {"enabled": False},  # the tiny demo run checks the export; here: switched off, it is never planned
 }
 
 
@@ -56,3 +57,8 @@ def test_a_read_only_dataset_trains_and_stays_byte_for_byte_unchanged(tmp_path, 
     assert list((run / "cache").rglob("*.npy")), "the disk cache lives in the working copy"
     for stage in CONFIG["stages"]:
         assert (run / "stages" / stage / "weights" / "last.pt").is_file()
+    # This data.yaml has no test: split: the pipeline says so and still succeeds.
+    test = json.loads((run / "test" / "test_metrics.json").read_text())
+    assert test["test_split"] is None and str(data_yaml) in test["reason"]
+    assert "No test-split score" in (run / "report" / "summary.md").read_text()
+    assert not (run / "export").exists()

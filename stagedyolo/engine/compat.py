@@ -69,3 +69,21 @@ def atomic_torch_save() -> None:
     atomic_save._stagedyolo_atomic = True
     atomic_save.plain_save = plain_save
     torch.save = atomic_save
+
+
+def install_onnx_export() -> None:
+    """yolov5's export_onnx calls torch.onnx.export(...) without `dynamo`; torch >= 2.9 then takes the dynamo
+    exporter, which needs onnxscript and fails inside yolov5's try_export. The TorchScript-based exporter is the one
+    yolov5 7.0 was written and tested for, so the export job asks for it."""
+    import functools
+    import inspect
+
+    import torch
+
+    if "dynamo" not in inspect.signature(torch.onnx.export).parameters:  # torch < 2.5: TorchScript-based only
+        return
+    if getattr(torch.onnx.export, "_stagedyolo_legacy", False):
+        return
+    export = functools.partial(torch.onnx.export, dynamo=False)
+    export._stagedyolo_legacy = True
+    torch.onnx.export = export

@@ -17,6 +17,8 @@ OFFLINE_ENV = {
     "COMET_MODE": "disabled",
     "CLEARML_OFFLINE_MODE": "1",
     "HF_HUB_OFFLINE": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # mlflow >= 3 sends usage telemetry unless told not to (tracking: mlflow)
+    "DO_NOT_TRACK": "true",  # the cross-tool opt-out mlflow also honours
     "GIT_TERMINAL_PROMPT": "0",
     "PYTHONUNBUFFERED": "1",  # stage logs in order, as they happen
     "MPLBACKEND": "Agg",
@@ -51,3 +53,4 @@ def engine_environment(config_dir: str | os.PathLike, base: dict | None = None) 
     env["YOLOV5_CONFIG_DIR"] = config_dir  # fonts + yolov5 settings, never ~/.config
     env["YOLO_CONFIG_DIR"] = config_dir  # ultralytics settings
     return env
+

@@ -5,6 +5,7 @@ import yaml
 
 from stagedyolo.checkout import share_checkout_with_jobs
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
+from stagedyolo.export import FORMATS as EXPORT_SUFFIXES
 from stagedyolo.engine.plan import (
     available_cores,
     image_store_sizes,
@@ -27,7 +28,7 @@ share_checkout_with_jobs()  # jobs in a conda env from envs/ get stagedyolo from
 
 
 def get_final_outputs():
-    return [f"{RUN}/report/summary.md"]
+    return [f"{RUN}/report/summary.md", *get_export_targets(), *get_tracking_targets()]
 
 
 def get_stage_names():
@@ -117,3 +118,51 @@ def get_image_store_sizes():
 def get_max_stage_img():
     """The largest training image size of any stage: what a RAM cache must hold."""
     return max(stage_spec(config, stage)["img"] for stage in get_stage_names())
+
+
+def get_final_stage():
+    return get_stage_names()[-1]
+
+
+def get_final_weights():
+    """What the pipeline delivers: the last stage's last.pt (best.pt is absent with nosave)."""
+    return f"{RUN}/stages/{get_final_stage()}/weights/last.pt"
+
+
+def get_final_spec():
+    """The last stage's settings: export and the test score use its image size, batch and device."""
+    return stage_spec(config, get_final_stage())
+
+
+def get_test_batch():
+    """The last stage's batch on one device; auto (the probe's choice, not an input here) scores at 16."""
+    spec = get_final_spec()
+    return spec["batch"] // spec["gpus"] if isinstance(spec["batch"], int) else 16
+
+
+def get_export_files():
+    """One exported file per export.formats, named as yolov5's exporter names it."""
+    return {
+        fmt: f"{RUN}/export/model{EXPORT_SUFFIXES[fmt]}"
+        for fmt in config["export"]["formats"]
+    }
+
+
+def get_export_targets():
+    """The export rule's outputs when export.enabled, else nothing (the rule is then never planned)."""
+    if not config["export"]["enabled"]:
+        return []
+    return [*get_export_files().values(), f"{RUN}/export/export.json"]
+
+
+def get_tracking_targets():
+    """tracking.backend none plans no tracking job at all."""
+    return (
+        [] if config["tracking"]["backend"] == "none" else [f"{RUN}/tracking/run.json"]
+    )
+
+
+def get_previous_tracking_record(wildcards):
+    """Stages are tracked one after another: the first creates the pipeline run's parent record."""
+    previous = previous_stage(config, wildcards.stage)
+    return [f"{RUN}/tracking/stages/{previous}.json"] if previous else []

@@ -2,6 +2,7 @@ rule report:
     input:
         timings=expand(f"{RUN}/stages/{{stage}}/timing.json", stage=get_stage_names()),
         env=rules.verify_env.output.json,
+        test_metrics=rules.evaluate_test.output.json,
     output:
         md=f"{RUN}/report/summary.md",
         html=report(

@@ -1,3 +1,8 @@
 from stagedyolo.report import build_report_for_rule
 
-build_report_for_rule(snakemake.input.timings, summary_md=snakemake.output.md, log_path=snakemake.log[0])
+build_report_for_rule(
+    snakemake.input.timings,
+    summary_md=snakemake.output.md,
+    log_path=snakemake.log[0],
+    test_metrics=snakemake.input.test_metrics,
+)

@@ -1,0 +1,117 @@
+"""The final score on data held out from training: the last stage's weights on the `test:` split of data.yaml,
+through yolov5's own val.py (task "test"), with per-class AP50 and AP50-95.
+
+Per-class figures come from yolov5's ap_per_class, captured as val.py calls it: val.run returns per-class mAP with
+the mean filled in for classes absent from the split, which would print a made-up AP for them. Here such a class
+shows its instance count of 0 and no AP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stagedyolo.dataset.validate import load_data_yaml
+from stagedyolo.jsonio import write_json
+
+COLUMNS = ("class", "instances", "precision", "recall", "ap50", "ap50_95")
+
+
+def evaluate_for_rule(weights: str, data_yaml: str, metrics_json: str, metrics_md: str, *, img: int, batch: int,
+                      device: str, threads: int, log_path: str) -> dict:  # fmt: skip
+    """The evaluate_test rule. Without a `test:` split it writes that there is none, and succeeds. Folders follow
+    the output path (R/test/test_metrics.json; the engine's settings folder is R/engine)."""
+    data = load_data_yaml(data_yaml)
+    if "test" not in data["splits"]:
+        result = {"test_split": None, "reason": f"{source_yaml(data_yaml)} has no test: split",
+                  "weights": str(Path(weights).resolve())}  # fmt: skip
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text(result["reason"] + "; nothing to evaluate\n")
+    else:
+        from stagedyolo.engine.job import engine_job
+
+        with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads):
+            result = run_val(weights, data_yaml, data, img=img, batch=batch, device=device,
+                             workers=0 if threads <= 2 else min(8, threads // 2),
+                             out_dir=Path(metrics_json).parent / "val")  # fmt: skip
+    write_json(metrics_json, result)
+    Path(metrics_md).write_text(markdown(result))
+    return result
+
+
+def source_yaml(data_yaml: str) -> str:
+    """The user's data.yaml the staged copy was made from (prepare_dataset records it), else the file itself."""
+    import yaml
+
+    return yaml.safe_load(Path(data_yaml).read_text()).get("source_data_yaml") or data_yaml
+
+
+def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, device: str, workers: int,
+            out_dir: Path) -> dict:  # fmt: skip
+    import torch
+    from yolov5 import val
+    from yolov5.utils.callbacks import Callbacks
+
+    from stagedyolo.engine.worker import resolve_device
+
+    captured = {}
+    ap_per_class = val.ap_per_class
+
+    def capture(*stats, **kwargs):
+        captured["target_cls"] = stats[3]
+        captured["result"] = ap_per_class(*stats, **kwargs)
+        return captured["result"]
+
+    val.ap_per_class = capture
+    try:
+        (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
+            data=str(Path(data_yaml).resolve()), weights=str(Path(weights).resolve()), batch_size=batch, imgsz=img,
+            task="test", device=resolve_device(device, torch.cuda.is_available()), workers=workers, plots=False,
+            project=str(out_dir), name="test", exist_ok=True, callbacks=Callbacks())  # fmt: skip
+    finally:
+        val.ap_per_class = ap_per_class
+    return {"test_split": data["splits"]["test"], "weights": str(Path(weights).resolve()), "img": img,
+            "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
+            "classes": per_class(data["names"], captured),
+            "ms_per_image": dict(zip(("pre", "inference", "nms"), speed))}  # fmt: skip
+
+
+def per_class(names: list[str], captured: dict) -> list[dict]:
+    """One row per class of data.yaml; a class with no instances in the split has no precision, recall or AP."""
+    import numpy as np
+
+    counts = np.bincount(captured["target_cls"].astype(int), minlength=len(names)) if captured else [0] * len(names)
+    rows = {i: {"class": name, "instances": int(counts[i]), "precision": None, "recall": None, "ap50": None,
+                "ap50_95": None} for i, name in enumerate(names)}  # fmt: skip
+    if captured:
+        _tp, _fp, p, r, _f1, ap, classes = captured["result"]
+        for k, c in enumerate(classes):
+            rows[int(c)].update(precision=float(p[k]), recall=float(r[k]), ap50=float(ap[k, 0]),
+                                ap50_95=float(ap[k].mean()))  # fmt: skip
+    return list(rows.values())
+
+
+def markdown(result: dict, heading: str = "#") -> str:
+    """The test table (also the report's "Test split" section, one heading level down)."""
+    if result.get("test_split") is None:
+        return f"{heading} Test split\n\nNo test-split score: {result['reason']}.\n"
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in table_rows(result):
+        lines.append("| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |")
+    return (f"{heading} Test split\n\n{caption(result)}\n\n" + "\n".join(lines) + "\n")
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The `all` row, then one per class."""
+    total = sum(row["instances"] for row in result["classes"])
+    return [{"class": "all", "instances": total, **result["all"]}, *result["classes"]]
+
+
+def caption(result: dict) -> str:
+    return (f"Weights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
+            "(yolov5 val.py, task test).")  # fmt: skip
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,13 @@
+from stagedyolo.evaluate import evaluate_for_rule
+
+evaluate_for_rule(
+    snakemake.input.weights,
+    snakemake.input.data,
+    snakemake.output.json,
+    snakemake.output.md,
+    img=snakemake.params.img,
+    batch=snakemake.params.batch,
+    device=snakemake.params.device,
+    threads=snakemake.threads,
+    log_path=snakemake.log[0],
+)
