@@ -4,12 +4,14 @@ Workload: the built-in demo (256 train / 64 val images, generated in a temp dir)
 `--epochs` epochs at `--img` px, planned by `stagedyolo.stage.build_plan` and run by `run_stage` (the real worker
 process, as the pipeline runs it). First the probe runs (config/config.yaml's probe settings) at that image size;
 then two plans of the same stage alternate, in rotating order (A B, B A, ...), so load from other processes on a
-shared machine drifts over both:
-- probe: workers/batch/amp `auto` filled in from tuning.json's choice;
-- defaults: the same stage without a probe: cpu_budget's fallback workers = min(2, threads - 1), batch 16.
+shared machine drifts over both. The stage is config/config.yaml's stage_defaults as they are: what the probe may
+decide is only what the config leaves at `auto` (the demo config fixes batch 16, so both arms train at batch 16 and
+the probe decides workers, torch threads and amp), i.e. what the probe changes in a real run of that config:
+- probe: the config's `auto` keys filled in from tuning.json's choice;
+- defaults: the same stage without a probe: cpu_budget's fallback workers = min(2, threads - 1), amp from device.
 Figure of merit: steady-state training images/s from each stage's timing.json (epochs after the first).
 
-Run:  python benchmarks/probe_choice.py [--rounds 2] [--epochs 2] [--img 128]
+Run:  python benchmarks/probe_choice.py [--rounds 3] [--epochs 2] [--img 128]
 Writes benchmarks/results/probe_choice.json and .md.
 """
 
@@ -39,7 +41,7 @@ OUT = ROOT / "benchmarks" / "results"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="pairs of runs (probe, defaults)")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (probe, defaults)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--img", type=int, default=128)
     parser.add_argument("--device", default="auto")
@@ -61,8 +63,9 @@ def main() -> None:
         probe_s = time.time() - started
         print(f"probe: choice {tuning['choice']} in {probe_s:.1f} s", flush=True)
 
+        # workers/batch/amp stay as the config sets them: the probe's choice applies only where they are auto
         spec = {**stage_spec({**config, "stages": {"bench": {}}}, "bench"), "epochs": args.epochs, "img": args.img,
-                "workers": "auto", "batch": "auto", "amp": "auto", "device": args.device,
+                "device": args.device,
                 "val_period": args.epochs, "plots": False,
                 # config.yaml leaves optimizer to the schema's default, which only Snakemake's validation fills in
                 "optimizer": config["stage_defaults"].get("optimizer") or "SGD"}  # fmt: skip
@@ -111,7 +114,9 @@ def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int
     pairs = [p / d for p, d in zip(probe, defaults) if d]  # runs of one round sit next to each other in time
     return {
         "workload": {"demo_train_images": 256, "epochs": args.epochs, "img": args.img, "model": "yolov5n.yaml",
-                     "device": args.device, "threads": threads, "rounds": args.rounds},  # fmt: skip
+                     "device": args.device, "threads": threads, "rounds": args.rounds,
+                     "config_batch": config["stage_defaults"]["batch"],
+                     "config_workers": config["stage_defaults"]["workers"]},  # fmt: skip
         "probe": {"choice": tuning["choice"], "seconds": round(probe_s, 1), "budget_s": tuning["budget_s"],
                   "candidates": tuning["candidates"]},  # fmt: skip
         "runs": runs,
@@ -130,7 +135,9 @@ def markdown(result: dict) -> str:
         "# Probe choice vs defaults",
         "",
         f"Workload: demo ({w['demo_train_images']} train images), {w['model']}, {w['epochs']} epochs at "
-        f"{w['img']} px, device {w['device']}, {w['threads']} cores, {w['rounds']} rounds in rotating order.",
+        f"{w['img']} px, device {w['device']}, {w['threads']} cores, {w['rounds']} rounds in rotating order; "
+        f"config/config.yaml's own batch ({w['config_batch']}) and workers ({w['config_workers']}): the probe's "
+        "choice applies only to what the config leaves at auto.",
         f"Probe: choice {choice} in {result['probe']['seconds']} s.",
         "",
         "| arm | workers | torch threads | batch | median steady images/s |",
