@@ -356,6 +356,7 @@ def main(argv=None):
     ap.add_argument("--cap-s", type=float, default=150, help="the newcomer's time cap per run (fixed in advance)")
     ap.add_argument("--name", default="naive_vs_staged", help="results file name")
     ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
+    ap.add_argument("--resume", type=Path, help="a results JSON of a stopped run: keep its repeats, run the rest")
     ap.add_argument("--smoke", action="store_true", help="1 repeat, tiny budgets: checks the script runs")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -368,22 +369,31 @@ def main(argv=None):
         raise SystemExit("--repeats: the design needs at least 3")
     started = time.time()
     inputs = build_inputs(a.workdir, a)
-    plans = {k: v for k, v in dataset_plans(inputs, a).items() if k in a.datasets.split(",")}
+    plans = dataset_plans(inputs, a)
     runs = {name: [] for name in plans}
-    last_staged = {name: None for name in plans}
+    wall_before = 0.0
+    if a.resume:  # the repeats an earlier, stopped invocation finished are kept; the missing ones run now
+        earlier = json.loads(a.resume.read_text())
+        runs.update({name: ds["runs"] for name, ds in earlier["datasets"].items()})
+        wall_before = earlier["benchmark_wall_s"]
+    last_staged = {name: next((r for r in reversed(sum(runs[name], [])) if r["side"] == "staged"), None)
+                   for name in plans}  # fmt: skip
     for index in range(a.repeats):
-        for name, plan in plans.items():
-            done = run_repeat(index, name, plan, a.workdir, last_staged[name], a.cap_s)
+        for name in a.datasets.split(","):
+            if index < len(runs[name]):
+                continue
+            done = run_repeat(index, name, plans[name], a.workdir, last_staged[name], a.cap_s)
             last_staged[name] = next(r for r in done if r["side"] == "staged")
             runs[name].append(done)
-            write_results(a, plans, runs, started)  # after every repeat: a stopped benchmark keeps what it measured
+            # after every repeat: a stopped benchmark keeps what it measured
+            write_results(a, plans, runs, wall_before + time.time() - started)
 
 
-def write_results(a, plans: dict, runs: dict, started: float) -> None:
+def write_results(a, plans: dict, runs: dict, wall_s: float) -> None:
     result = {"design": __doc__.split("\n\n", 1)[1].split("\nRun:")[0], "targets": {"fixed": list(FIXED_TARGETS),
               "also": f"{BEST}: the fair control's best mAP50 in each repeat"}, "goal_ratio_det": GOAL_RATIO,
-              "repeats": min(len(r) for r in runs.values()), "repeats_planned": a.repeats, "machine": machine_info(),
-              "args": {k: str(v) for k, v in vars(a).items()}, "benchmark_wall_s": time.time() - started,
+              "repeats": {name: len(r) for name, r in runs.items() if r}, "repeats_planned": a.repeats,
+              "machine": machine_info(), "args": {k: str(v) for k, v in vars(a).items()}, "benchmark_wall_s": wall_s,
               "datasets": {}}  # fmt: skip
     for name, plan in plans.items():
         if not runs[name]:
@@ -409,9 +419,9 @@ def markdown(result: dict) -> list[str]:
     info = result["machine"]
     md = ["# Time to mAP50: staged pipeline vs a fair one-stage control (and a newcomer's yolov5 run)", "",
           f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU, shared with other jobs (load averages per run "
-          f"below). {result['repeats']} repeats, order alternating; benchmark wall "
-          f"{result['benchmark_wall_s'] / 60:.0f} min. Ratio = staged time / the other side's time to the same mAP50 "
-          "at the same image size: median "
+          f"below). Repeats: {result['repeats']} (planned {result['repeats_planned']}), order alternating; "
+          f"benchmark wall {result['benchmark_wall_s'] / 60:.0f} min. Ratio = staged time / the other side's time "
+          "to the same mAP50 at the same image size: median "
           "(min–max, n = repeats where both sides reached it). `control_best` = the fair control's best mAP50 in "
           "that repeat.", ""]  # fmt: skip
     for name, ds in result["datasets"].items():

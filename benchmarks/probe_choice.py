@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from stagedyolo.demo import write_demo  # noqa: E402
-from stagedyolo.engine.plan import available_cores, stage_spec  # noqa: E402
+from stagedyolo.engine.plan import available_cores, probe_batches, stage_spec  # noqa: E402
 from stagedyolo.probe import probe_for_rule  # noqa: E402
 from stagedyolo.stage import build_plan, run_stage  # noqa: E402
 
@@ -54,12 +54,13 @@ def main() -> None:
         data = str(write_demo(tmp / "demo")["target"])
         cache_decision = tmp / "cache.json"
         cache_decision.write_text(json.dumps({"mode": "ram"}))  # the demo fits in RAM, as cache_dataset decides
+        batches = probe_batches(config)  # the batch sizes the config's stages can take, as the probe rule times them
         started = time.time()
         tuning = probe_for_rule(data, cache_decision=str(cache_decision), weights=[],
                                 tuning_out=str(tmp / "run" / "probe" / "tuning.json"), settings=config["probe"],
                                 stage_defaults=config["stage_defaults"], cfg=config["model"]["cfg"],
                                 device=args.device, img=args.img, threads=threads,
-                                log_path=str(tmp / "probe.log"))  # fmt: skip
+                                log_path=str(tmp / "probe.log"), batches=batches)  # fmt: skip
         probe_s = time.time() - started
         print(f"probe: choice {tuning['choice']} in {probe_s:.1f} s", flush=True)
 

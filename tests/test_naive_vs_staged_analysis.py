@@ -57,7 +57,8 @@ def test_markdown_renders_every_target_and_run():
     staged = _rows((30, 0.75), (45, 0.91))
     runs = _repeat(staged, {5: _rows((20, 0.55)), 10: _rows((40, 0.72))}, _rows((100, 0.2)))
     repeats = [analyse_repeat(runs, img=128)] * 3
-    result = {"machine": {"cores": 2, "cpu_model": "test"}, "repeats": 3, "benchmark_wall_s": 60.0,
+    result = {"machine": {"cores": 2, "cpu_model": "test"}, "repeats": {"demo": 3}, "repeats_planned": 3,
+              "benchmark_wall_s": 60.0,
               "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summarise(repeats),
                                     "runs": [runs] * 3}}}  # fmt: skip
     text = "\n".join(markdown(result))
