@@ -50,6 +50,7 @@ def test_a_side_that_never_reaches_a_target_gives_a_labelled_bound():
     assert cell["ratio"] == 30 / 150  # the newcomer ran 150 s without reaching it
     summary = summarise([result, result, result])
     assert summary["vs_newcomer"]["0.7"]["ratio"] is None  # bounds never enter the median
+    assert summary["vs_newcomer"]["0.7"]["bound"]["max"] == 0.2
     assert summary["vs_control"]["0.5"]["ratio"]["median"] == 1.5
 
 
