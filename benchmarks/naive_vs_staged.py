@@ -35,7 +35,7 @@ Sides, in every repeat:
   defaults (hyp.scratch-low, SGD, plots, --workers 8 capped at the cores, OMP_NUM_THREADS 2, batch 16, yolov5's
   nominal batch 64 and 100-iteration warmup floor), the longest control budget, from the same pretrained.pt,
   stopped at `--cap-s` (150 s): in the smoke run its oversubscribed CPU split (2 loader workers and 2 torch threads
-  on 2 shared cores) ran 9 s an iteration, 150 s an epoch, which three repeats cannot afford; where it misses a
+  on 2 shared cores) was many times slower than the stages', which three repeats cannot afford; where it misses a
   target within the cap, its ratios are bounds.
 
 Same image size on both sides: a row counts for a target only when it was validated at the dataset's evaluation

@@ -79,7 +79,7 @@ def main() -> None:
                 print(f"round {round_index} {arm}: {runs[-1]['steady_images_per_s']} images/s "
                       f"(workers {runs[-1]['workers']}, batch {runs[-1]['batch']})", flush=True)  # fmt: skip
 
-    result = summarise(runs, tuning, probe_s, args, threads)
+    result = summarise(runs, tuning, probe_s, args, threads, config)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "probe_choice.json").write_text(json.dumps(result, indent=2))
     (OUT / "probe_choice.md").write_text(markdown(result))
@@ -107,7 +107,7 @@ def run_arm(arm: str, choice: dict | None, spec: dict, data: str, threads: int, 
     }
 
 
-def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int) -> dict:
+def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int, config: dict) -> dict:
     def rates(arm):
         return [r["steady_images_per_s"] for r in runs if r["arm"] == arm and r["steady_images_per_s"]]
 
