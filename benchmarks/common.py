@@ -253,7 +253,7 @@ def fmt_s(x: float | None) -> str:
 # --------------------------------------------------------------------------------------------------- one stage
 def find_demo_source(explicit: Path | None = None) -> Path:
     """A finished demo workdir (results/demo/demo/pretrained.pt and the demo target set); builds one if none."""
-    for cand in [explicit, WORK / "naive_vs_staged" / "staged", WORK / "pipe1", WORK / "demo_source"]:
+    for cand in [explicit, WORK / "naive_vs_staged_inputs" / "pretrain", WORK / "pipe1", WORK / "demo_source"]:
         if cand and (Path(cand) / "results/demo/demo/pretrained.pt").exists():
             return Path(cand)
     src = WORK / "demo_source"

@@ -4,12 +4,14 @@ Workload: the built-in demo (256 train / 64 val images, generated in a temp dir)
 `--epochs` epochs at `--img` px, planned by `stagedyolo.stage.build_plan` and run by `run_stage` (the real worker
 process, as the pipeline runs it). First the probe runs (config/config.yaml's probe settings) at that image size;
 then two plans of the same stage alternate, in rotating order (A B, B A, ...), so load from other processes on a
-shared machine drifts over both:
-- probe: workers/batch/amp `auto` filled in from tuning.json's choice;
-- defaults: the same stage without a probe: cpu_budget's fallback workers = min(2, threads - 1), batch 16.
+shared machine drifts over both. The stage is config/config.yaml's stage_defaults as they are: what the probe may
+decide is only what the config leaves at `auto` (the demo config fixes batch 16, so both arms train at batch 16 and
+the probe decides workers, torch threads and amp), i.e. what the probe changes in a real run of that config:
+- probe: the config's `auto` keys filled in from tuning.json's choice;
+- defaults: the same stage without a probe: cpu_budget's fallback workers = min(2, threads - 1), amp from device.
 Figure of merit: steady-state training images/s from each stage's timing.json (epochs after the first).
 
-Run:  python benchmarks/probe_choice.py [--rounds 2] [--epochs 2] [--img 128]
+Run:  python benchmarks/probe_choice.py [--rounds 3] [--epochs 2] [--img 128]
 Writes benchmarks/results/probe_choice.json and .md.
 """
 
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from stagedyolo.demo import write_demo  # noqa: E402
-from stagedyolo.engine.plan import available_cores, stage_spec  # noqa: E402
+from stagedyolo.engine.plan import available_cores, probe_batches, stage_spec  # noqa: E402
 from stagedyolo.probe import probe_for_rule  # noqa: E402
 from stagedyolo.stage import build_plan, run_stage  # noqa: E402
 
@@ -39,7 +41,7 @@ OUT = ROOT / "benchmarks" / "results"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="pairs of runs (probe, defaults)")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (probe, defaults)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--img", type=int, default=128)
     parser.add_argument("--device", default="auto")
@@ -52,17 +54,19 @@ def main() -> None:
         data = str(write_demo(tmp / "demo")["target"])
         cache_decision = tmp / "cache.json"
         cache_decision.write_text(json.dumps({"mode": "ram"}))  # the demo fits in RAM, as cache_dataset decides
+        batches = probe_batches(config)  # the batch sizes the config's stages can take, as the probe rule times them
         started = time.time()
         tuning = probe_for_rule(data, cache_decision=str(cache_decision), weights=[],
                                 tuning_out=str(tmp / "run" / "probe" / "tuning.json"), settings=config["probe"],
                                 stage_defaults=config["stage_defaults"], cfg=config["model"]["cfg"],
                                 device=args.device, img=args.img, threads=threads,
-                                log_path=str(tmp / "probe.log"))  # fmt: skip
+                                log_path=str(tmp / "probe.log"), batches=batches)  # fmt: skip
         probe_s = time.time() - started
         print(f"probe: choice {tuning['choice']} in {probe_s:.1f} s", flush=True)
 
+        # workers/batch/amp stay as the config sets them: the probe's choice applies only where they are auto
         spec = {**stage_spec({**config, "stages": {"bench": {}}}, "bench"), "epochs": args.epochs, "img": args.img,
-                "workers": "auto", "batch": "auto", "amp": "auto", "device": args.device,
+                "device": args.device,
                 "val_period": args.epochs, "plots": False,
                 # config.yaml leaves optimizer to the schema's default, which only Snakemake's validation fills in
                 "optimizer": config["stage_defaults"].get("optimizer") or "SGD"}  # fmt: skip
@@ -75,7 +79,7 @@ def main() -> None:
                 print(f"round {round_index} {arm}: {runs[-1]['steady_images_per_s']} images/s "
                       f"(workers {runs[-1]['workers']}, batch {runs[-1]['batch']})", flush=True)  # fmt: skip
 
-    result = summarise(runs, tuning, probe_s, args, threads)
+    result = summarise(runs, tuning, probe_s, args, threads, config)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "probe_choice.json").write_text(json.dumps(result, indent=2))
     (OUT / "probe_choice.md").write_text(markdown(result))
@@ -103,7 +107,7 @@ def run_arm(arm: str, choice: dict | None, spec: dict, data: str, threads: int, 
     }
 
 
-def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int) -> dict:
+def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int, config: dict) -> dict:
     def rates(arm):
         return [r["steady_images_per_s"] for r in runs if r["arm"] == arm and r["steady_images_per_s"]]
 
@@ -111,7 +115,9 @@ def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int
     pairs = [p / d for p, d in zip(probe, defaults) if d]  # runs of one round sit next to each other in time
     return {
         "workload": {"demo_train_images": 256, "epochs": args.epochs, "img": args.img, "model": "yolov5n.yaml",
-                     "device": args.device, "threads": threads, "rounds": args.rounds},  # fmt: skip
+                     "device": args.device, "threads": threads, "rounds": args.rounds,
+                     "config_batch": config["stage_defaults"]["batch"],
+                     "config_workers": config["stage_defaults"]["workers"]},  # fmt: skip
         "probe": {"choice": tuning["choice"], "seconds": round(probe_s, 1), "budget_s": tuning["budget_s"],
                   "candidates": tuning["candidates"]},  # fmt: skip
         "runs": runs,
@@ -130,7 +136,9 @@ def markdown(result: dict) -> str:
         "# Probe choice vs defaults",
         "",
         f"Workload: demo ({w['demo_train_images']} train images), {w['model']}, {w['epochs']} epochs at "
-        f"{w['img']} px, device {w['device']}, {w['threads']} cores, {w['rounds']} rounds in rotating order.",
+        f"{w['img']} px, device {w['device']}, {w['threads']} cores, {w['rounds']} rounds in rotating order; "
+        f"config/config.yaml's own batch ({w['config_batch']}) and workers ({w['config_workers']}): the probe's "
+        "choice applies only to what the config leaves at auto.",
         f"Probe: choice {choice} in {result['probe']['seconds']} s.",
         "",
         "| arm | workers | torch threads | batch | median steady images/s |",

@@ -1,0 +1,68 @@
+"""The naive_vs_staged benchmark's analysis: which rows count, how each side's time and the ratio are got.
+
+Synthetic rows stand in for the poller's stamps: the rules under test are the design's (same image size only,
+the control's best budget per target, bounds labelled), not the timings."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from naive_vs_staged import BEST, analyse_repeat, markdown, summarise  # noqa: E402
+
+
+def _rows(*points, img=128, stage="s"):
+    return [{"s": s, "stage": stage, "epoch": i, "map50": m, "img": img} for i, (s, m) in enumerate(points)]
+
+
+def _repeat(staged_rows, control_rows_by_budget, newcomer_rows, newcomer_wall=150.0):
+    runs = [{"side": "staged", "wall_s": 100.0, "rows": staged_rows}]
+    runs += [{"side": "control", "budget": b, "wall_s": 10.0 * b, "rows": r} for b, r in control_rows_by_budget.items()]
+    runs.append({"side": "newcomer", "budget": 10, "wall_s": newcomer_wall, "rows": newcomer_rows})
+    return [{**run, "load_before": [1.0, 1.0, 1.0], "load_after": [2.0, 1.0, 1.0]} for run in runs]
+
+
+def test_rows_at_another_image_size_never_count():
+    staged = _rows((20, None), (30, 0.6)) + _rows((50, 0.95), img=160, stage="highres")
+    result = analyse_repeat(_repeat(staged, {5: _rows((40, 0.92))}, _rows((60, 0.1))), img=128)
+    assert result["vs_control"]["0.5"]["staged_s"] == 30
+    assert result["vs_control"]["0.9"]["ratio"] is None  # 0.95 was validated at 160 px only
+    assert result["vs_control"]["0.9"]["ratio_kind"] == "staged never reached it"
+    assert result["staged_best_map50"] == 0.6
+
+
+def test_control_time_is_its_best_budget_and_its_best_map_is_a_target():
+    staged = _rows((30, 0.75), (45, 0.91))
+    controls = {5: _rows((20, 0.55), (50, 0.8)), 10: _rows((25, 0.6), (40, 0.72), (90, 0.93))}
+    result = analyse_repeat(_repeat(staged, controls, _rows((100, 0.2))), img=128)
+    assert result["vs_control"]["0.5"]["other_s"] == 20  # the 5-epoch budget got there first
+    assert result["vs_control"]["0.7"]["other_s"] == 40
+    assert result["vs_control"]["0.7"]["ratio"] == 30 / 40
+    assert result["targets"][BEST] == 0.93
+    assert result["vs_control"][BEST]["ratio_kind"] == "staged never reached it"
+
+
+def test_a_side_that_never_reaches_a_target_gives_a_labelled_bound():
+    staged = _rows((30, 0.75))
+    result = analyse_repeat(_repeat(staged, {5: _rows((20, 0.9))}, _rows((100, 0.2))), img=128)
+    cell = result["vs_newcomer"]["0.7"]
+    assert cell["ratio_kind"].startswith("upper bound")
+    assert cell["ratio"] == 30 / 150  # the newcomer ran 150 s without reaching it
+    summary = summarise([result, result, result])
+    assert summary["vs_newcomer"]["0.7"]["ratio"] is None  # bounds never enter the median
+    assert summary["vs_newcomer"]["0.7"]["bound"]["max"] == 0.2
+    assert summary["vs_control"]["0.5"]["ratio"]["median"] == 1.5
+
+
+def test_markdown_renders_every_target_and_run():
+    staged = _rows((30, 0.75), (45, 0.91))
+    runs = _repeat(staged, {5: _rows((20, 0.55)), 10: _rows((40, 0.72))}, _rows((100, 0.2)))
+    repeats = [analyse_repeat(runs, img=128)] * 3
+    result = {"machine": {"cores": 2, "cpu_model": "test"}, "repeats": {"demo": 3}, "repeats_planned": 3,
+              "benchmark_wall_s": 60.0,
+              "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summarise(repeats),
+                                    "runs": [runs] * 3}}}  # fmt: skip
+    text = "\n".join(markdown(result))
+    for target in ("| 0.5 ", "| 0.7 ", "| 0.9 ", f"| {BEST} "):
+        assert target in text
+    assert text.count("| control 10 ep |") == 3
