@@ -117,7 +117,7 @@ def _finding(code, evidence, change, why, also=(), addressable_share=None, key_m
             "also": list(also), "why": why,
             "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
             "expected_gain": gain or _gain(basis="no speed estimate"),
-            "candidate": _candidate_of(change) if candidate == "from change" else candidate,
+            "candidate": candidate_of(change) if candidate == "from change" else candidate,
             "verified": bool(gain and gain.get("measured_by"))}
 
 
@@ -203,7 +203,7 @@ _NO_OOM_GAIN = {"speedup": None, "saves_share": None, "basis": "avoids running o
 TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
 
 
-def _candidate_of(change: str) -> dict | None:
+def candidate_of(change: str) -> dict | None:
     """``stages.S.workers: 8`` -> {"workers": 8} when a tune trial can measure it, else None."""
     head, _, value = change.partition(": ")
     key = head.rsplit(".", 1)[-1]

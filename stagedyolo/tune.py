@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from stagedyolo.diagnosis import T, diagnose, verdict_line
+from stagedyolo.diagnosis import T, candidate_of, diagnose, verdict_line
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import spec_digest
 from stagedyolo.engine.worker import EXIT_OOM
@@ -33,6 +33,8 @@ TRIAL_EPOCHS = 10_000
 # torch's DataLoader prefetches this many batches per worker: they are ready before timing starts, so the warm-up
 # must be at least that long or a slow loader would look fast.
 PREFETCH_FACTOR = 2
+# The top advice, then its finding's alternative if the first measured no faster: each costs one short trial.
+MAX_ADVICE_TRIALS = 2
 SETTINGS = ("workers", "torch_threads", "batch", "cache", "amp", "img", "freeze")
 
 
@@ -51,17 +53,24 @@ def tune_stage(make_plan: Callable[[dict], dict], *, tune_dir: Path, log_path, e
     started = time.monotonic()
     shutil.rmtree(tune_dir, ignore_errors=True)
     base = run_trial(baseline_plan, tune_dir / "baseline", "baseline", log_path, engine_home, window, telemetry_interval)
-    advice = None
+    advice, candidates = None, [candidate] if candidate else []
     if candidate is None and base["timing"] is not None:
         candidate, advice = top_candidate(base["timing"], baseline_plan["stage"])
+        # The finding's alternative (e.g. the RAM cache beside "more workers") is tried only if the first is not kept.
+        candidates = [c for c in [candidate, *(advice or {}).get("alternatives", [])] if c][:MAX_ADVICE_TRIALS]
     trials, kept = [base], {}
-    candidate_plan = make_plan(candidate) if candidate else None
-    if candidate_plan is not None and _settings(candidate_plan) != _settings(baseline_plan):
-        trial = run_trial(candidate_plan, tune_dir / "advice", "advice", log_path, engine_home, window,
-                          telemetry_interval)  # fmt: skip
+    for tried in candidates:
+        candidate_plan = make_plan(tried)
+        if _settings(candidate_plan) == _settings(baseline_plan):
+            continue
+        candidate = tried
+        name = "advice" if len(trials) == 1 else f"advice{len(trials)}"
+        trial = run_trial(candidate_plan, tune_dir / name, name, log_path, engine_home, window, telemetry_interval)
         trial["kept"] = faster(trial, base)
         trials.append(trial)
-        kept = dict(candidate) if trial["kept"] else {}
+        if trial["kept"]:
+            kept = dict(tried)
+            break
     record = _record(trials, candidate, advice, kept, window, time.monotonic() - started)
     with open(log_path, "a") as log:
         log.write(f"stagedyolo tune: {record['summary']}\n")
@@ -76,11 +85,13 @@ def faster(trial: dict, base: dict) -> bool:
 
 
 def top_candidate(timing: dict, stage: str) -> tuple[dict | None, dict | None]:
-    """The first finding whose change a short window can measure: (its settings, the finding in brief)."""
+    """The first finding whose change a short window can measure: (its settings, the finding in brief, with the
+    measurable changes it lists as alternatives)."""
     findings = diagnose(timing, stage)
     for f in findings:
         if f.get("candidate"):
-            return dict(f["candidate"]), {"code": f["code"], "change": f["change"],
+            alternatives = [c for c in (candidate_of(change) for change in f.get("also", [])) if c]
+            return dict(f["candidate"]), {"code": f["code"], "change": f["change"], "alternatives": alternatives,
                                           "verdict": verdict_line(stage, findings)}  # fmt: skip
     return None, {"code": findings[0]["code"], "change": findings[0]["change"], "verdict": verdict_line(stage, findings)}
 
@@ -127,7 +138,7 @@ def _record(trials, candidate, advice, kept, window, seconds) -> dict:
     base = trials[0]
     summary = f"baseline {_ips(base)} images/s"
     if len(trials) > 1:
-        t = trials[1]
+        t = trials[-1]
         ratio = f" (x{t['images_per_s'] / base['images_per_s']:.2f})" if t["images_per_s"] and base["images_per_s"] else ""
         summary = (f"tried {_change_text(candidate)}: {_ips(base)} -> {_ips(t)} images/s{ratio}: "
                    + ("kept" if t["kept"] else f"not kept (needs >= {100 * T('min_measured_gain'):.0f} % faster)"))
@@ -141,7 +152,7 @@ def _record(trials, candidate, advice, kept, window, seconds) -> dict:
         t.pop("timing", None)  # the record stays small; the trial's figures are in the entry
     return {"window": dict(window), "candidate": candidate, "advice": advice, "trials": trials, "kept": kept,
             "baseline_images_per_s": base["images_per_s"],
-            "tuned_images_per_s": trials[1]["images_per_s"] if kept else base["images_per_s"],
+            "tuned_images_per_s": trials[-1]["images_per_s"] if kept else base["images_per_s"],
             "min_gain": T("min_measured_gain"), "seconds": round(seconds, 3), "summary": summary}  # fmt: skip
 
 
