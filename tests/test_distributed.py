@@ -276,12 +276,7 @@ def test_a_process_started_after_its_group_was_last_seen_ours_is_left_alone(tmp_
     from stagedyolo.launch.process_tree import ProcessTree
 
     pid_file = tmp_path / "late"
-    code = (
-        "import subprocess, sys, time; time.sleep(1.5); "
-        "late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pid_file)!r}, 'w').write(str(late.pid))"
-    )
-    root = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    root = _leader_with_one_sleeper(pid_file, before="time.sleep(1.5); ")
     tree = ProcessTree(root.pid)  # sees the root only
     late = None
     try:
@@ -298,12 +293,7 @@ def test_an_orphan_started_while_its_group_was_ours_is_still_ended(tmp_path):
     from stagedyolo.launch.process_tree import ProcessTree
 
     pid_file = tmp_path / "orphan"
-    code = (
-        "import subprocess, sys, time; "
-        "orphan = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pid_file)!r}, 'w').write(str(orphan.pid)); time.sleep(60)"
-    )
-    root = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    root = _leader_with_one_sleeper(pid_file, after="; time.sleep(60)")
     orphan = None
     try:
         _wait_for(lambda: pid_file.exists() and pid_file.read_text(), within_s=20)
@@ -315,6 +305,17 @@ def test_an_orphan_started_while_its_group_was_ours_is_still_ended(tmp_path):
         assert tree.kill_all() == [orphan]
     finally:
         _kill_leftovers([orphan] if orphan else [])
+
+
+def _leader_with_one_sleeper(pid_file: Path, before: str = "", after: str = "") -> subprocess.Popen:
+    """A new session whose leader runs `before`, starts one sleeping child in its group, writes the child's pid to
+    `pid_file`, then runs `after`."""
+    code = (
+        f"import subprocess, sys, time; {before}"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)){after}"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 
 def test_exit_when_parent_dies_ends_the_orphan_and_its_group(tmp_path):
