@@ -105,6 +105,7 @@ def table_rows(stages) -> list[dict]:
             row[f"{k}_%"] = _pct((ph.get(k) or {}).get("share"))
         row.update({
             "images_per_s": th.get("steady_images_per_s"), "it_per_s": th.get("steady_it_per_s"),
+            "predicted_images_per_s": (t.get("prediction") or {}).get("predicted_images_per_s"),
             "data_wait_%": _pct((t.get("data_wait") or {}).get("share")),
             "gpu_util_mean_%": (g.get("util_pct") or {}).get("mean") if g.get("available") else None,
             "gpu_peak_mem_%": _pct(g.get("peak_memory_share")),

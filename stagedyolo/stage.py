@@ -22,6 +22,7 @@ from stagedyolo.engine.plan import (
     MIN_RETRY_BATCH,
     cpu_budget,
     engine_spec,
+    resolve_batch,
     spec_digest,
     run_outline,
     stage_hyp,
@@ -33,6 +34,7 @@ from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
 from stagedyolo.progress import ProgressRelay
+from stagedyolo.probe.stages import compare_prediction
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained.
@@ -54,7 +56,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
     # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
-    batch = int(probe_choice.get("batch", 16) * spec["gpus"] if spec["batch"] == "auto" else spec["batch"])
+    batch = resolve_batch(spec["batch"], spec["gpus"], probe_choice)
     # A spec that leaves them out (an older config, a hand-built spec) trains exactly as yolov5 does.
     nominal_batch = _unless_none(spec.get("nominal_batch"), YOLOV5_NOMINAL_BATCH)
     min_warmup_iters = _unless_none(spec.get("min_warmup_iters"), YOLOV5_MIN_WARMUP_ITERS)
@@ -104,10 +106,11 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     stage_dir = Path(timing_path).parent
     run_dir = stage_dir.parent.parent
     decision = read_json(Path(cache_decision))
+    tuning = read_json(Path(probe[0])) if probe else {}
     spec = stage_spec(config, stage)
     settings = dict(stage=stage, data=data, weights=weights[0] if weights else None, cfg=config["model"]["cfg"],
                     cache_mode=decision["mode"], threads=threads, work_dir=Path(run_dir) / "work" / stage,
-                    probe_choice=read_json(Path(probe[0])).get("choice") if probe else None,
+                    probe_choice=tuning.get("choice"),
                     image_store=(decision.get("store") or {}).get("root"), run_stages=run_outline(config))  # fmt: skip
 
     def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
@@ -121,15 +124,17 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
                                 window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
     outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
-                        telemetry_interval=config["telemetry"]["interval_s"], tune=tune)  # fmt: skip
+                        telemetry_interval=config["telemetry"]["interval_s"], tune=tune,
+                        prediction=(tuning.get("stages") or {}).get(stage))  # fmt: skip
     shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
     return outcome
 
 
 def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0, tune: dict | None = None) -> dict:  # fmt: skip
+              telemetry_interval: float = 1.0, tune: dict | None = None, prediction: dict | None = None) -> dict:  # fmt: skip
     """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
-    ``tune``: the record of the tune trials that chose this plan, published with the stage."""
+    ``tune``: the record of the tune trials that chose this plan, published with the stage. ``prediction``: the
+    probe's predicted steady images/s for this stage (tuning.json `stages`), set beside the measured one."""
     work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
@@ -166,7 +171,7 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
     write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
-    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall, tune)
+    verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall, tune, prediction)
     with open(log_path, "a") as log:
         log.write(verdict + "\n")
     print(verdict, file=sys.stderr)
@@ -180,7 +185,7 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
 
 
 def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
-            tune: dict | None = None) -> str:  # fmt: skip
+            tune: dict | None = None, prediction: dict | None = None) -> str:  # fmt: skip
     """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
     then drop the work folder. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune),
     kept in stage.json and timing.json."""
@@ -194,7 +199,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
                  *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
         if path.exists():
             shutil.copy2(path, stage_dir / path.name)
-    record = {**plan, "amp_used": outcome.get("amp"), "amp_reason": outcome.get("amp_reason"),
+    record = {**plan, "amp_used": outcome.get("amp"), "amp_dtype": outcome.get("amp_dtype"),
+              "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
               "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
@@ -204,6 +210,9 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
     timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=stage_dir / "telemetry.csv",
                           wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
+    ran = {**{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
+           "batch": plan["batch"] // plan["gpus"], "amp": outcome.get("amp")}  # fmt: skip
+    timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"]["steady_images_per_s"])
     write_timing(stage_dir, timing)
     findings = diagnose(timing)
     write_diagnosis(stage_dir, findings)
@@ -215,6 +224,7 @@ def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
     """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
     return {
         "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
+        "amp_dtype": outcome.get("amp_dtype"), "amp_reason": outcome.get("amp_reason"),
         "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
         "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
         "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],

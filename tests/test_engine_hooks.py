@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stagedyolo.engine.hooks import NonFiniteLossGuard, ValidationSchedule
-from stagedyolo.engine.worker import decide_amp, resolve_device
+from stagedyolo.engine.worker import resolve_device
 
 
 class FakeCallbacks:
@@ -50,10 +50,3 @@ def test_nonfinite_guard_stops_training_with_the_documented_message():
 )
 def test_resolve_device(device, cuda, expected):
     assert resolve_device(device, cuda) == expected
-
-
-def test_amp_is_decided_and_explained():
-    assert decide_amp("auto", "cpu")[0] is False
-    assert decide_amp("auto", "")[0] is True
-    on, reason = decide_amp(True, "cpu")
-    assert on is False and "CPU" in reason

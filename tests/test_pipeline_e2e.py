@@ -63,6 +63,26 @@ def test_the_images_are_decoded_once_per_run_not_in_every_stage(tiny_run):
         assert (setup["cache_source"], setup["cache_images_decoded"]) == ("prebuilt", 0), (stage, setup)
 
 
+def test_every_stage_reports_the_probes_prediction_beside_its_measured_steady_rate(tiny_run):
+    _, run, _ = tiny_run
+    tuning = json.loads((run / "probe" / "tuning.json").read_text())
+    assert set(tuning["stages"]) == set(STAGES)
+    # smoke and finetune train alike (64 px, nothing frozen), frozen and highres differ: three loops were measured
+    assert sorted(sorted(group["stages"]) for group in tuning["measurements"]["stages"]) == [
+        ["finetune", "smoke"], ["frozen"], ["highres"]]  # fmt: skip
+    for stage, epochs in zip(STAGES, (1, 2, 2, 1)):
+        timing = json.loads((run / "stages" / stage / "timing.json").read_text())
+        prediction = timing["prediction"]
+        assert prediction["predicted_images_per_s"] == tuning["stages"][stage]["predicted_images_per_s"] > 0
+        assert prediction["settings_differ"] == {}, (stage, prediction)  # the stage ran what was predicted
+        if epochs > 1:  # a steady rate needs an epoch after the first
+            measured = timing["throughput"]["steady_images_per_s"]
+            assert prediction["ratio"] == pytest.approx(measured / prediction["predicted_images_per_s"], abs=1e-3)
+        else:
+            assert prediction["ratio"] is None and "steady" in prediction["reason"]
+        assert timing["config"]["amp"] is False and "CPU" in timing["config"]["amp_reason"]
+
+
 def test_the_chain_passes_weights_on(tiny_run):
     _, run, _ = tiny_run
     plan = {s: json.loads((run / "stages" / s / "stage.json").read_text()) for s in STAGES}
@@ -207,3 +227,15 @@ def test_mlflow_holds_every_stage_under_one_run(tiny_run):
         assert stage_run.data.metrics["stage/wall_s"] == pytest.approx(timing["wall_s"])
         artifacts = {a.path for a in client.list_artifacts(stage_run.info.run_id)}
         assert {"timing.json", "results.csv", "stage.json", "weights"} <= artifacts
+
+
+def test_the_gpu_check_summary_reads_a_real_run_and_invents_no_gpu_figure(tiny_run):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import goals, summarise_run
+
+    _, run, _ = tiny_run
+    summary = summarise_run(run)
+    assert [s["stage"] for s in summary["stages"]] == STAGES
+    assert summary["probe_s"] > 0 and summary["amp_verdict"]["amp"] is False
+    assert all(s["predicted_images_per_s"] > 0 and s["gpu_util_mean_pct"] is None for s in summary["stages"])
+    assert goals(summary, busy=None)["gpu_busy_share"]["met"] is None

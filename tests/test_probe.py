@@ -7,7 +7,8 @@ import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
-from stagedyolo.probe.child import loader_is_ample, model_runs_for
+from stagedyolo.engine.plan import probe_stage_specs
+from stagedyolo.probe.child import model_runs_for
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -82,50 +83,62 @@ def test_nothing_usable_means_no_choice():
     assert choose(candidates) == {}
 
 
-def test_probe_for_rule_measures_every_candidate_and_invents_no_gpu_numbers(tmp_path):
+def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_numbers(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
-    settings = {**CONFIG["probe"], "seconds_per_candidate": 0.5, "workers": [0, 1], "batch": [2, 4]}
+    settings = {**CONFIG["probe"], "seconds_per_candidate": 0.5, "min_steps": 4, "workers": [0, 1], "batch": [2, 4]}
+    config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": "auto"},
+              "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}}}
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
-    probe_for_rule(str(data), cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out),
-                   settings=settings, stage_defaults=CONFIG["stage_defaults"], cfg="yolov5n.yaml", device="cpu",
-                   img=64, threads=2, log_path=str(tmp_path / "probe.log"))  # fmt: skip
+    run = dict(cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out), settings=settings,
+               stage_defaults=config["stage_defaults"], cfg="yolov5n.yaml", device="cpu", img=64, threads=2,
+               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config), reuse_dir=str(tmp_path / "reuse"))
+    probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
     loader_runs, model_runs = tuning["measurements"]["loader"], tuning["measurements"]["model"]
     assert sorted(r["workers"] for r in loader_runs) == [0, 1]
-    assert all(r["images"] > 0 and r["images_per_s"] > 0 for r in loader_runs + model_runs)
+    assert all(r["images"] > 0 and r["images_per_s"] > 0 and r["steps"] >= 1 for r in loader_runs + model_runs)
     # On 2 cores: 0 workers leave compute 2 threads, 1 worker leaves 1; every batch is timed at both.
     assert sorted((r["batch"], r["torch_threads"]) for r in model_runs) == [(2, 1), (2, 2), (4, 1), (4, 2)]
     assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
-
     assert tuning["choice"] == choose(tuning["candidates"])
-    best = max(c["predicted_images_per_s"] for c in tuning["candidates"])
-    key = (tuning["choice"]["workers"], tuning["choice"]["batch"])
-    chosen = next(c for c in tuning["candidates"] if (c["workers"], c["batch"]) == key)
-    assert chosen["predicted_images_per_s"] >= 0.97 * best
+
+    # Every stage has a prediction, measured end to end at its own settings with the choice filled in.
+    chosen_batch = tuning["choice"]["batch"]
+    stages = tuning["stages"]
+    assert set(stages) == {"a", "b", "c"} and all(s["predicted_images_per_s"] > 0 for s in stages.values())
+    assert stages["b"]["settings"]["freeze"] == 10 and stages["a"]["settings"]["freeze"] == 0
+    assert stages["a"]["settings"]["batch"] == chosen_batch and stages["c"]["settings"]["batch"] == 4
+    assert stages["a"]["settings"]["workers"] == tuning["choice"]["workers"]
+    measured_groups = tuning["measurements"]["stages"]
+    assert len(measured_groups) == (2 if chosen_batch == 4 else 3)  # a and c train alike when the choice is 4
 
     assert all(r["amp"] is False for r in model_runs)  # AMP needs CUDA
+    assert tuning["amp_verdict"]["amp"] is False and "CPU" in tuning["amp_verdict"]["reason"]
     assert all(r["peak_memory_bytes"] is None and r["peak_memory_reason"] for r in model_runs)
-    assert tuning["machine"]["gpu_total_memory_bytes"] is None and tuning["machine"]["memory_limit_bytes"] is None
-    assert any("AMP needs CUDA" in note for note in tuning["notes"])
+    assert tuning["machine"]["gpu_total_memory_bytes"] is None and tuning["machine"]["bf16_supported"] is None
     assert not list((tmp_path / "data").rglob("*.cache"))  # the label cache stays out of the user's data
+
+    # A second run with the same machine, images, model and settings reuses the measurements.
+    tuning_out.unlink()
+    probe_for_rule(str(data), **run)
+    again = json.loads(tuning_out.read_text())
+    assert again["reused"]["key"] and again["stages"] == tuning["stages"] and again["choice"] == tuning["choice"]
+    assert again["budget_s"]["rule_s"] < tuning["budget_s"]["rule_s"]
+    # ...and not once a setting the measurement depends on changed.
+    tuning_out.unlink()
+    probe_for_rule(str(data), **{**run, "stages": probe_stage_specs({**config, "stages": {"a": {"img": 96}}})})
+    assert "reused" not in json.loads(tuning_out.read_text())
 
 
 def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_thread_count():
-    request = {"batches": [8, 16], "thread_counts": [2, 1], "seconds_per_batch": 3.0}
-    cuda_runs, cuda_budget = model_runs_for(request, cuda=True)
+    request = {"batches": [8, 16], "thread_counts": [2, 1], "min_steps": 10}
+    cuda_runs = model_runs_for(request, cuda=True)
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cuda_runs) == [
         (8, False, 1), (8, True, 1), (16, False, 1), (16, True, 1)]  # fmt: skip
-    cpu_runs, cpu_budget = model_runs_for(request, cuda=False)
+    assert all(r["min_steps"] == 20 for r in cuda_runs)  # the AMP policy's evidence: >= 20 steps per side
+    cpu_runs = model_runs_for(request, cuda=False)
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cpu_runs) == [
         (8, False, 1), (8, False, 2), (16, False, 1), (16, False, 2)]  # fmt: skip
-    assert cuda_budget == cpu_budget == 1.5  # each batch shares seconds_per_candidate among its runs
-
-
-def test_a_loader_run_stops_early_only_when_it_clearly_outpaces_the_model():
-    # 12 batches of 16 in 0.1 s with 2 workers: (12 - 4 prefetched) * 16 / 0.1 = 1280 images/s.
-    assert loader_is_ample(12, 2, 16, 0.1, ample_images_per_s=3 * 100)
-    assert not loader_is_ample(12, 2, 16, 0.1, ample_images_per_s=3 * 500)  # not 3x a 500 images/s model
-    assert not loader_is_ample(9, 0, 16, 0.01, ample_images_per_s=3 * 100)  # too few batches to trust
-    assert not loader_is_ample(40, 2, 16, 1.0, ample_images_per_s=0)  # no model rate (e.g. all OOM): full budget
+    assert all(r["min_steps"] == 10 for r in cpu_runs)

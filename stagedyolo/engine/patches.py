@@ -11,7 +11,7 @@ Modes (`engine.mode`, per run or per stage):
   losses on the CPU).
 - `fast`: those rows plus the speed rows, each behind a guard (most need CUDA). `engine.skip_patches` turns named
   speed rows off, for a machine where one measures slower, and for benchmarks/engine_speed.py's per-row effects.
-AMP is not a row of this table's modes: `amp` (auto: on with CUDA) decides it for both modes (worker.decide_amp).
+AMP is not a row of this table's modes: `amp` decides it for both modes (stagedyolo.engine.amp.decide_amp).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class EngineContext:
     device: str  # the yolov5 --device string: 'cpu', '' (first CUDA device) or indices
     amp: bool
     callbacks: object
+    amp_dtype: str | None = "float16"  # autocast's dtype when amp is on (stagedyolo.engine.amp)
     mode: str = DEFAULT_MODE
     compile: bool = False
     skip: frozenset = frozenset()
@@ -125,6 +126,19 @@ WARMUP_FLOOR_EDIT = _source_edit(
     "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)",
     "_STAGEDYOLO_MIN_WARMUP_ITERS", lambda ctx: ctx.plan["min_warmup_iters"],
 )  # fmt: skip
+AUTOCAST_OLD, AUTOCAST_NEW = ("with torch.cuda.amp.autocast(amp):",
+                               "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):")
+
+
+def _autocast_bf16(ctx: EngineContext) -> None:
+    ctx.source_edits.append((AUTOCAST_OLD, AUTOCAST_NEW))
+    ctx.module_names["_STAGEDYOLO_AUTOCAST_DTYPE"] = ctx.torch.bfloat16
+
+
+def _bf16_requested(ctx: EngineContext) -> str | None:
+    return None if ctx.amp and ctx.amp_dtype == "bfloat16" else "amp is off or fp16 (autocast's default dtype)"
+
+
 _LOG_EVERY_EDIT = _source_edit(
     "                pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
     "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
@@ -288,20 +302,25 @@ PATCHES: tuple[Patch, ...] = (
           "warmup lasts at least 100 iterations whatever warmup_epochs says; settable per stage",
           "always (the default 100 is yolov5's)", "see nominal_batch (measured together)", WARMUP_FLOOR_EDIT,
           phase="source"),
+    Patch("amp_bf16", "train.py `torch.cuda.amp.autocast(amp)`",
+          "yolov5 autocasts to fp16 only; bfloat16 has fp32's range, so no overflow and no loss scaling to tune",
+          "amp: bf16 on a GPU that supports it (stagedyolo.engine.amp)", "GPU: open (no GPU here)",
+          _autocast_bf16, _bf16_requested, phase="source"),
     Patch("sync_every_batches", "train.py progress bar `pbar.set_description` (and the NaN guard)",
           "formatting the CUDA loss tensors every batch makes the host wait for the GPU each step",
           "fast mode, CUDA", "GPU: open (no GPU here); on the CPU there is nothing to wait for",
           _sync_every_batches, _cuda_only, fast_only=True, phase="source"),
     Patch("amp_decision", "train.check_amp",
           "check_amp may download yolov5n.pt and silently turns AMP off on failure: the plan decides AMP",
-          "always", "no download; AMP is what `amp` says (worker.decide_amp)", _amp_decision),
+          "always", "no download; AMP is what `amp` says (stagedyolo.engine.amp)", _amp_decision),
     Patch("val_period", "train.validate.run (in the epoch loop)",
           "yolov5 has no validate-every-N option and its --noval is broken in 7.0.14",
           "always (val_period 1 validates every epoch, as yolov5)",
           "val_period 5 vs 1, frozen stage, 10 epochs: epoch train+val 0.822x (benchmarks/results/val_period.json)",
           _val_period),
     Patch("patience_off", "train.parse_opt (opt.patience = 0)",
-          "early stopping would end training on an epoch val_period skipped", "always",
+          "yolov5's default patience of 100 epochs applies whether or not the stage sets one; a stage's own "
+          "`patience` (stagedyolo.engine.stopping, judged on validated epochs) replaces it", "always",
           "no effect on a stage shorter than yolov5's patience of 100 epochs", _patience_off),
     Patch("nonfinite_guard", "Callbacks on_train_batch_end (callbacks.stop_training)",
           "a NaN/Inf loss would otherwise train on for hours", "always",

@@ -141,6 +141,16 @@ def probe_batches(config: dict) -> list[int]:
     return sorted(fixed) or list(config["probe"]["batch"])
 
 
+# The stage keys a stage's speed depends on: what the probe predicts each stage's images/s from.
+SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "lr0", "hyp")
+
+
+def probe_stage_specs(config: dict) -> dict:
+    """Each stage's speed-relevant settings, for the probe's per-stage predictions (epochs and the like left out,
+    so changing them does not rerun the probe)."""
+    return {stage: {key: stage_spec(config, stage)[key] for key in SPEED_KEYS} for stage in stage_names(config)}
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -159,6 +169,13 @@ def cpu_budget(threads: int, workers: int | str, probe_choice: dict | None = Non
         workers = (probe_choice or {}).get("workers", min(2, threads - 1))
     workers = max(0, int(workers))
     return workers, max(1, threads - workers)
+
+
+def resolve_batch(batch, gpus: int, probe_choice: dict | None = None) -> int:
+    """A stage's total batch: its own, or for `auto` the probe's per-GPU choice (else 16) times its GPUs."""
+    if batch == "auto":
+        return int((probe_choice or {}).get("batch", 16) * int(gpus))
+    return int(batch)
 
 
 def spec_digest(plan: dict) -> str:

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.dataset.image_store import serve_ram_cache
+from stagedyolo.engine.amp import decide_amp
 from stagedyolo.engine.hooks import register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.engine.trial import TrialWindow
@@ -48,10 +49,13 @@ def main(plan_path: str, plugins=()) -> int:
     from yolov5.utils.callbacks import Callbacks
 
     device = resolve_device(plan["device"], torch.cuda.is_available())
-    amp, amp_reason = decide_amp(plan["amp"], device, plan.get("amp_source", "config"))
+    cuda = device != "cpu"
+    bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
+    amp = decide_amp(plan["amp"], cuda, plan.get("amp_source", "config"), bf16_supported=bf16)
     callbacks = Callbacks()  # never yolov5's shared default instance
     # Every change to yolov5's behaviour (AMP decision, val_period, NaN guard, fast mode...): stagedyolo.engine.patches
-    engine = EngineContext(plan, device, amp, callbacks, torch=torch, **engine_settings(plan))
+    engine = EngineContext(plan, device, amp["amp"], callbacks, amp_dtype=amp["dtype"], torch=torch,
+                           **engine_settings(plan))
     patches = apply_patches(engine)
     train, schedule, guard = engine.train, engine.schedule, engine.guard
     for plugin in plugins:
@@ -69,7 +73,8 @@ def main(plan_path: str, plugins=()) -> int:
     register(stop, callbacks)
     register(ProgressReport(plan, timer, schedule, stop), callbacks)
 
-    outcome = {"status": "ok", "amp": amp, "amp_reason": amp_reason, "device": device or "cuda:0",
+    outcome = {"status": "ok", "amp": amp["amp"], "amp_dtype": amp["dtype"], "amp_reason": amp["reason"],
+               "device": device or "cuda:0",
                "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every}  # fmt: skip
     try:
         train.main(build_opt(train, plan, device), callbacks)
@@ -110,16 +115,6 @@ def resolve_device(device: str, cuda_available: bool) -> str:
         # Not "0": yolov5 writes --device into CUDA_VISIBLE_DEVICES, which would override the scheduler's choice.
         return ""
     return device
-
-
-def decide_amp(setting, device: str, source: str = "config") -> tuple[bool, str]:
-    """AMP on or off, and why. `source` says who set a true/false: the config, or the probe for `amp: auto`."""
-    on_cuda = device != "cpu"
-    if setting == "auto":
-        return on_cuda, "auto: on with CUDA" if on_cuda else "auto: off on CPU (AMP needs CUDA)"
-    if setting and not on_cuda:
-        return False, f"amp: true from {source}, but the stage runs on the CPU, where yolov5's AMP does not apply"
-    return bool(setting), f"amp: {str(bool(setting)).lower()} from {source}"
 
 
 def build_opt(train, plan: dict, device: str):

@@ -1,7 +1,10 @@
-"""The probe: measure loader and model throughput on this machine, then choose the stages' `auto` settings.
+"""The probe: measure on this machine, choose the stages' `auto` settings and predict each stage's images/s.
 
-- `choice`: the pipeline model (predicted end-to-end images/s) and the choosing rule; pure, no torch.
+- `steady`: timing a repeated step in its steady state (warm-up excluded); pure, no torch.
+- `choice`: the pipeline model for the candidates, the choosing rule and the AMP verdict; pure, no torch.
+- `stages`: each stage's settings as the probe predicts them, and the prediction beside the stage's measurement.
 - `child`: the measuring process (`python -m stagedyolo.probe.child request.json`), offline engine environment.
+- `reuse`: measurements kept across runs while machine, images, model and settings are unchanged.
 - `rule`: `probe_for_rule`, the Snakemake rule's entry point; writes tuning.json.
 See docs/probe.md.
 """

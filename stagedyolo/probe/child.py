@@ -16,16 +16,22 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.engine import compat
+from stagedyolo.engine.amp import AMP_MIN_STEPS
 from stagedyolo.engine.worker import resolve_device
+from stagedyolo.probe.choice import decide
+from stagedyolo.probe.stages import stage_groups
+from stagedyolo.probe.steady import time_steady
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
-# A loader run may stop early once it delivers this many times the fastest model rate, after at least this many
-# batches: then it cannot be the bottleneck, and the rest of its budget would measure nothing that matters.
+# A loader-only run may stop early once it delivers this many times the fastest model rate (after min_steps
+# batches): then it cannot be the bottleneck, and the rest of its budget would measure nothing that matters.
 LOADER_AMPLE_FACTOR = 3
-LOADER_MIN_BATCHES = 10
-# Batches each DataLoader worker queues ahead (PyTorch's prefetch_factor default): they arrive at once.
+# Batches each DataLoader worker queues ahead (PyTorch's prefetch_factor default): they arrive at once, so they
+# are warm-up, not steady state.
 PREFETCH_PER_WORKER = 2
+# Untimed model steps before timing: allocator, cuDNN autotuning (benchmark mode), lazy initialisation.
+MODEL_WARMUP_STEPS = 2
 
 
 def main(request_path: str) -> int:
@@ -39,56 +45,75 @@ def main(request_path: str) -> int:
     from yolov5.utils.dataloaders import create_dataloader
     from yolov5.utils.loss import ComputeLoss  # noqa: F401  (imported here so its cost counts as import time)
 
+    from stagedyolo.dataset.image_store import serve_ram_cache
+
+    serve_ram_cache(request.get("image_store"), [])  # a RAM cache is read from the run's store, as the stages do
     import_s = time.perf_counter() - started
     cuda = resolve_device(request["device_setting"], torch.cuda.is_available()) != "cpu"
     device = torch.device(_torch_device(request["device_setting"]) if cuda else "cpu")
-    runs, seconds_per_model_run = model_runs_for(request, cuda)
-    request = {**request, "seconds_per_model_run": seconds_per_model_run}
     model = build_model(request, device)
     stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
-
-    # The model first: its fastest rate tells each loader run when it has shown it cannot be the bottleneck.
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
-    torch.set_num_threads(min(r["torch_threads"] for r in runs))  # the cheapest on a busy box
-    measure_model(model, {**request, "seconds_per_model_run": 0}, 1, False, device)
-    model_runs = []
-    for run in runs:
-        torch.set_num_threads(run["torch_threads"])
-        model_runs.append({**run, **measure_model(model, request, run["batch"], run["amp"], device)})
-        print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
-              f"{model_runs[-1].get('images_per_s')} images/s", flush=True)  # fmt: skip
+    torch.set_num_threads(min(request["thread_counts"]))
+    measure_model(model, {**request, "min_steps": 1, "max_seconds": 0}, 1, False, device)
 
-    fastest_model = max((r["images_per_s"] or 0 for r in model_runs), default=0)
-    loader_runs = []
-    for run in request["loader_runs"]:
-        torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
-        loader_runs.append({**run, **measure_loader(create_dataloader, request, run["workers"], stride,
-                                                    ample_images_per_s=LOADER_AMPLE_FACTOR * fastest_model)})
-        print(f"probe: loader workers={run['workers']}: {loader_runs[-1]['images_per_s']} images/s", flush=True)
-
+    model_runs, loader_runs = [], []
+    if request["choose"]:
+        model_runs = [measure_model_run(model, request, run, device) for run in model_runs_for(request, cuda)]
+        fastest_model = max((r["images_per_s"] or 0 for r in model_runs), default=0)
+        loader_runs = [measure_loader_run(create_dataloader, request, run, stride, LOADER_AMPLE_FACTOR * fastest_model)
+                       for run in request["loader_runs"]]  # fmt: skip
+    total = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    bf16 = torch.cuda.is_bf16_supported() if cuda else None
+    decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=total)
+    stage_runs = [measure_stage_run(create_dataloader, model, request, group, stride, device)
+                  for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16)]  # fmt: skip
     result = {
         "cuda": cuda,
+        **decision,
         "loader": loader_runs,
         "model": model_runs,
+        "stage_runs": stage_runs,
         "import_s": round(import_s, 3),
         "child_s": round(time.perf_counter() - started, 3),
         "torch": torch.__version__,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "gpu_total_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+        "bf16_supported": bf16,
+        "gpu_total_memory_bytes": total,
     }
     Path(request["out"]).write_text(json.dumps(result, indent=2))
     return 0
 
 
-def model_runs_for(request: dict, cuda: bool) -> tuple[list[dict], float]:
-    """The model runs (batch, amp, torch threads) and each one's budget. On CUDA the GPU computes: each batch is
-    timed once, with the fewest threads any candidate gets, with AMP on and off. On CPU AMP does not apply, and each
-    batch is timed at every thread count the worker candidates leave."""
+def model_runs_for(request: dict, cuda: bool) -> list[dict]:
+    """The model runs (batch, amp, torch threads). On CUDA the GPU computes: each batch is timed once, with the
+    fewest threads any candidate gets, with AMP on and off (at least AMP_MIN_STEPS steps each: the AMP policy's
+    evidence). On CPU AMP does not apply, and each batch is timed at every thread count the worker candidates leave."""
     thread_counts = request["thread_counts"][-1:] if cuda else request["thread_counts"]
     amps = (True, False) if cuda else (False,)
-    runs = [{"batch": b, "amp": a, "torch_threads": t} for b in request["batches"] for a in amps for t in thread_counts]
-    return runs, request["seconds_per_batch"] / (len(thread_counts) * len(amps))
+    min_steps = max(request["min_steps"], AMP_MIN_STEPS) if cuda else request["min_steps"]
+    return [{"batch": b, "amp": a, "torch_threads": t, "min_steps": min_steps}
+            for b in request["batches"] for a in amps for t in thread_counts]  # fmt: skip
+
+
+def measure_model_run(model, request: dict, run: dict, device) -> dict:
+    import torch
+
+    torch.set_num_threads(run["torch_threads"])
+    measured = measure_model(model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device)
+    print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
+          f"{measured.get('images_per_s')} images/s", flush=True)  # fmt: skip
+    return {**run, **measured}
+
+
+def measure_loader_run(create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float) -> dict:
+    import torch
+
+    torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
+    measured = measure_loader(create_dataloader, request, run["workers"], stride, ample_images_per_s)
+    print(f"probe: loader workers={run['workers']}: {measured['images_per_s']} images/s", flush=True)
+    return {**run, **measured}
 
 
 def _torch_device(device: str) -> str:
@@ -105,7 +130,6 @@ def build_model(request: dict, device):
     import torch
     from yolov5.models.yolo import Model
     from yolov5.utils.general import check_yaml
-    from yolov5.utils.torch_utils import smart_optimizer
 
     hyp = request["hyp"]
     if request["weights"]:
@@ -113,72 +137,36 @@ def build_model(request: dict, device):
     else:
         architecture = check_yaml(request["cfg"])  # finds yolov5n.yaml & co. inside the package
     model = Model(architecture, ch=3, nc=request["nc"], anchors=hyp.get("anchors")).float().to(device)
-    frozen = [f"model.{layer}." for layer in range(request["freeze"])]  # train.py's --freeze N
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad = not any(prefix in name for prefix in frozen)
+    _freeze(model, request["freeze"])
     model.nc, model.hyp, model.gr = request["nc"], hyp, 1.0  # what train.py attaches before ComputeLoss
     model.train()
-    model.probe_optimizer = smart_optimizer(model, request["optimizer"], hyp["lr0"], hyp["momentum"],
-                                            hyp["weight_decay"])  # fmt: skip
+    model.probe_optimizer = _optimizer(model, request)
     return model
 
 
-def loader_is_ample(batches: int, workers: int, batch: int, seconds: float, ample_images_per_s: float) -> bool:
-    """Whether a loader run may stop before its budget: it has delivered at least LOADER_MIN_BATCHES batches, and
-    even without the batches its workers had prefetched (PyTorch queues 2 per worker, which arrive at once) it is
-    LOADER_AMPLE_FACTOR times faster than the fastest model run, so it cannot be the bottleneck and its exact rate
-    hardly moves the prediction (W = 0: 1/(1/L + 1/M) changes by about M/L; W > 0: min(L, M) = M)."""
-    if ample_images_per_s <= 0 or batches < LOADER_MIN_BATCHES or seconds <= 0:
-        return False
-    return (batches - PREFETCH_PER_WORKER * workers) * batch / seconds >= ample_images_per_s
-
-
 def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0) -> dict:
-    """Images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
-    The run stops at its budget, or earlier once loader_is_ample says the loader is clearly not the bottleneck."""
+    """Steady images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
+    Warm-up: worker start-up and the batches the workers queued meanwhile (PREFETCH_PER_WORKER each, which arrive
+    at once). The run may end early once the loader clearly outpaces the model (LOADER_AMPLE_FACTOR)."""
     loader, _dataset = create_dataloader(
         request["data_list"], request["img"], request["loader_batch"], stride, hyp=request["hyp"], augment=True,
         cache=request["cache"], rect=False, rank=-1, workers=workers, shuffle=True, prefix="probe: ", seed=0,
     )  # fmt: skip
     batches = _endless(loader)
-    budget = request["seconds_per_loader_run"]
-    start = time.perf_counter()
-    warmup_images = next(batches)[0].shape[0]  # warm-up: worker start-up and first reads are paid once per stage
-    timed_start = time.perf_counter()
-    images = count = 0
-    ample = False
-    while time.perf_counter() - start < budget and not ample:
-        imgs, _targets, _paths, _shapes = next(batches)
-        images += imgs.shape[0]
-        count += 1
-        ample = loader_is_ample(count, workers, request["loader_batch"], time.perf_counter() - timed_start,
-                                ample_images_per_s)  # fmt: skip
-    seconds = time.perf_counter() - timed_start
-    from_warmup = count == 0
-    if from_warmup:  # the warm-up alone used the budget: its time is the (pessimistic) measurement
-        images, count, seconds = warmup_images, 1, timed_start - start
-    effective = loader.num_workers
+    measured = time_steady(lambda: next(batches)[0].shape[0], warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
+                           min_steps=request["min_steps"], stable_within=request["stable_within"],
+                           max_seconds=request["max_seconds"],
+                           enough=lambda images, seconds: ample_images_per_s > 0 and images / seconds >= ample_images_per_s)
+    effective = loader.num_workers  # yolov5 caps workers at min(cpu_count, batch, workers)
     _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
     del batches, loader
     gc.collect()
-    # The batches the workers had queued during the warm-up arrive at once: they are not the timed window's work.
-    prefetched = min(PREFETCH_PER_WORKER * effective, count - 1) if not from_warmup else 0
-    return {
-        "workers_effective": effective,  # yolov5 caps workers at min(cpu_count, batch, workers)
-        "batch": request["loader_batch"],
-        "batches": count,
-        "images": images,
-        "seconds": round(seconds, 4),
-        "warmup_s": round(timed_start - start, 4),
-        "timed_from_warmup": from_warmup,
-        "stopped_early": ample,  # clearly faster than the model: the rest of the budget was not needed
-        "prefetched_batches_not_counted": prefetched,
-        "images_per_s": round(images * (count - prefetched) / count / seconds, 3),
-    }
+    return {"workers_effective": effective, "batch": request["loader_batch"], **measured}
 
 
 def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
-    """Images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches."""
+    """Steady images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches.
+    Warm-up: two steps (allocator, cuDNN autotuning, lazy initialisation)."""
     import torch
     from yolov5.utils.loss import ComputeLoss
 
@@ -191,7 +179,7 @@ def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
     optimizer = model.probe_optimizer
     scaler = torch.amp.GradScaler("cuda", enabled=amp and cuda)
 
-    def train_step():
+    def train_step() -> int:
         with torch.autocast(device.type, enabled=amp and cuda):
             loss, _items = compute_loss(model(imgs), targets)
         scaler.scale(loss).backward()
@@ -200,39 +188,90 @@ def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize(device)  # kernels run asynchronously: time them, not their launch
+        return batch
 
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    budget = request["seconds_per_model_run"]
-    start = time.perf_counter()
     try:
-        train_step()  # warm-up: allocator, cuDNN autotuning and lazy initialisation
-        timed_start = time.perf_counter()
-        steps = 0
-        while time.perf_counter() - start < budget:
-            train_step()
-            steps += 1
+        measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS, min_steps=request["min_steps"],
+                               stable_within=request["stable_within"], max_seconds=request["max_seconds"])  # fmt: skip
     except torch.cuda.OutOfMemoryError as error:
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         return {"status": "oom", "message": str(error).splitlines()[0], "images_per_s": None,
                 "peak_memory_bytes": None, "peak_memory_reason": "ran out of memory"}  # fmt: skip
-    seconds = time.perf_counter() - timed_start
-    from_warmup = steps == 0
-    if from_warmup:  # one step outlasted the budget: the warm-up's time is the (pessimistic) measurement
-        steps, seconds = 1, timed_start - start
     return {
         "status": "ok",
-        "steps": steps,
-        "timed_from_warmup": from_warmup,
-        "images": steps * batch,
-        "seconds": round(seconds, 4),
-        "warmup_s": round(timed_start - start, 4),
-        "images_per_s": round(steps * batch / seconds, 3),
+        **measured,
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
         "peak_memory_reason": None if cuda else "not measured on CPU (torch tracks peak memory on CUDA only)",
     }
+
+
+def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device) -> dict:
+    """One stage's steady images/s, end to end: yolov5's loader with the workers the stage will run, feeding
+    training steps at the stage's image size, freeze, batch, AMP and nominal batch (accumulation, EMA), in one
+    process with the torch threads the stage gets. This is the prediction the stage's timing.json is compared with.
+    """
+    import torch
+    from yolov5.utils.loss import ComputeLoss
+    from yolov5.utils.torch_utils import ModelEMA
+
+    torch.set_num_threads(group["torch_threads"])
+    _freeze(model, group["freeze"])
+    optimizer = _optimizer(model, request)
+    loader, _dataset = create_dataloader(
+        request["data_list"], group["img"], group["batch"], stride, hyp=group["hyp"], augment=True,
+        cache=request["cache"], rect=False, rank=-1, workers=group["workers"], shuffle=True, prefix="probe: ", seed=0,
+    )  # fmt: skip
+    batches = _endless(loader)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if group["amp_dtype"] == "bfloat16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=group["amp"] and cuda)
+    compute_loss, ema = ComputeLoss(model), ModelEMA(model)
+    accumulate = max(round(group["nominal_batch"] / group["batch"]), 1)  # train.py's optimizer step every N batches
+    count = [0]
+
+    def train_step() -> int:
+        imgs, targets, _paths, _shapes = next(batches)
+        imgs = imgs.to(device, non_blocking=True).float() / 255
+        with torch.autocast(device.type, enabled=group["amp"] and cuda, dtype=dtype):
+            loss, _items = compute_loss(model(imgs), targets.to(device))
+        scaler.scale(loss).backward()
+        count[0] += 1
+        if count[0] % accumulate == 0:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            ema.update(model)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return imgs.shape[0]
+
+    measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS + PREFETCH_PER_WORKER * loader.num_workers,
+                           min_steps=request["min_steps"], stable_within=request["stable_within"],
+                           max_seconds=request["max_seconds_per_stage"])  # fmt: skip
+    _stop_workers(loader)
+    del batches, loader, ema
+    optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    print(f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, batch "
+          f"{group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s", flush=True)  # fmt: skip
+    return {**{k: v for k, v in group.items() if k != "hyp"}, **measured}
+
+
+def _freeze(model, layers: int) -> None:
+    frozen = [f"model.{layer}." for layer in range(layers)]  # train.py's --freeze N
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = not any(prefix in name for prefix in frozen)
+
+
+def _optimizer(model, request: dict):
+    from yolov5.utils.torch_utils import smart_optimizer
+
+    hyp = request["hyp"]
+    return smart_optimizer(model, request["optimizer"], hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
 
 
 def synthetic_targets(batch: int, nc: int, generator):

@@ -9,6 +9,8 @@ The training loop is a two-stage pipeline: dataloader workers prepare batches wh
 
 from __future__ import annotations
 
+from stagedyolo.engine.amp import amp_verdict
+
 TIE_TOLERANCE = 0.03  # within 3 % of the best, a smaller batch wins (less memory, closer to the nominal recipe)
 
 
@@ -85,3 +87,17 @@ def choose(candidates: list[dict], tie_tolerance: float = TIE_TOLERANCE) -> dict
     near = [c for c in usable if c["predicted_images_per_s"] >= (1 - tie_tolerance) * best]
     pick = min(near, key=lambda c: (c["batch"], -c["predicted_images_per_s"], c["workers"]))
     return {"workers": pick["workers"], "batch": pick["batch"], "amp": pick["amp"]}
+
+
+def decide(request: dict, loader_runs: list[dict], model_runs: list[dict], *, cuda: bool,
+           gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
+    """The probe's decision from its runs: candidates, the AMP verdict (stagedyolo.engine.amp: on with CUDA unless
+    measured clearly slower) and the choice among the candidates at that AMP setting."""
+    fraction = request["max_memory_fraction"]
+    limit = int(gpu_total_memory_bytes * fraction) if cuda and gpu_total_memory_bytes else None
+    candidates = combine(loader_runs, model_runs, cores=request["cores"], shares_cpu=not cuda, memory_limit_bytes=limit)
+    verdict = amp_verdict(model_runs, cuda)
+    choice = choose([c for c in candidates if c["amp"] == verdict["amp"]])
+    if choice:
+        choice["amp"] = verdict["amp"]
+    return {"choice": choice, "candidates": candidates, "amp_verdict": verdict, "memory_limit_bytes": limit}

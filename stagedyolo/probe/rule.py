@@ -13,11 +13,14 @@ import yaml
 
 from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import available_cores, cpu_budget, stage_hyp
+from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, stage_hyp
+from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
-from stagedyolo.probe.child import LOADER_AMPLE_FACTOR, LOADER_MIN_BATCHES
-from stagedyolo.probe.choice import TIE_TOLERANCE, choose, combine
+from stagedyolo.probe.child import MODEL_WARMUP_STEPS
+from stagedyolo.probe.choice import TIE_TOLERANCE
+from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
+from stagedyolo.probe.stages import predictions
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
 # (label scan, a RAM cache) costs a second, not minutes, on a large dataset.
@@ -28,46 +31,65 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   batches: list[int] | None = None) -> dict:  # fmt: skip
+                   batches: list[int] | None = None, stages: dict | None = None,
+                   reuse_dir: str | None = None) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
-    take)."""
+    take). ``stages``: each training stage's spec (plan.stage_spec), whose steady images/s the probe predicts.
+    ``reuse_dir``: where measurements are kept for later runs on the same machine, data, model and settings."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
-        tuning = {"choice": {}, "candidates": [], "notes": ["probe disabled: stages keep their defaults"]}
+        tuning = {"choice": {}, "candidates": [], "stages": {}, "notes": ["probe disabled: stages keep their defaults"]}
         write_json(tuning_out, tuning)
         return tuning
+    started = time.perf_counter()
     work = tuning_out.parent / "probe_work"
     work.mkdir(exist_ok=True)
-    request = plan_request(data, cache_mode=read_json(cache_decision)["mode"], weights=weights, settings=settings,
+    decision = read_json(cache_decision)
+    request = plan_request(data, cache_mode=decision["mode"], weights=weights, settings=settings,
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
-                           work=work, batches=batches)  # fmt: skip
-    run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
-    load_before = os.getloadavg()
-    measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
-    tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
+                           work=work, batches=batches, stages=stages,
+                           image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+    key = reuse_key(request, weights) if reuse_dir and settings.get("reuse", True) else None
+    reused = read_reusable(reuse_dir, key) if key else None
+    if reused is not None:
+        tuning = {**reused, "reused": {"key": key, "from": str(Path(reuse_dir) / f"{key}.json"),
+                                       "measured_unix": reused.get("written_unix")}}  # fmt: skip
+    else:
+        run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
+        load_before = os.getloadavg()
+        measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
+        tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
+        if key:
+            write_reusable(reuse_dir, key, tuning)
+    tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
-        log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'}\n")
+        source = f"reused from {tuning['reused']['from']}" if reused is not None else "measured"
+        log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'} ({source})\n")
+        for name, stage in tuning["stages"].items():
+            log.write(f"probe: {name} predicted {stage['predicted_images_per_s']} images/s\n")
     return tuning
 
 
 def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: dict, stage_defaults: dict, cfg: str,
-                 device: str, img: int, threads: int, work: Path, batches: list[int] | None = None) -> dict:  # fmt: skip
+                 device: str, img: int, threads: int, work: Path, batches: list[int] | None = None,
+                 stages: dict | None = None, image_store: str | None = None) -> dict:  # fmt: skip
     """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
     it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
     child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
-    the candidates and the child expands them into model runs (model_runs)."""
+    the candidates and the child expands them into model runs (model_runs_for)."""
     cores = cpu_budget(threads, 0)[1]
     loader_runs = [{"workers": w, "torch_threads": cpu_budget(threads, w)[1]} for w in settings["workers"]]
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
-    seconds = float(settings["seconds_per_candidate"])
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     hyp_defaults = stage_defaults.get("hyp") or {}
+    stages = stages or {}
     return {
         "data_list": str(write_subset(data_yaml, Path(data), work / "train_subset.txt")),
         "cache": None if cache_mode == "none" else cache_mode,
+        "image_store": image_store if cache_mode == "ram" else None,
         "hyp": stage_hyp(stage_defaults["lr0"], hyp_defaults),
         "img": int(img),
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
@@ -75,10 +97,14 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         "loader_runs": loader_runs,
         "batches": list(batches or settings["batch"]),
         "thread_counts": thread_counts,
-        "seconds_per_loader_run": seconds,
-        # Each batch gets seconds_per_candidate in all, shared by its thread counts and AMP settings, so the probe
-        # stays near (len(workers) + len(batch)) x seconds_per_candidate.
-        "seconds_per_batch": seconds,
+        "choose": any(spec.get(k) == "auto" for spec in stages.values() for k in PROBED_KEYS) or not stages,
+        "min_steps": int(settings["min_steps"]),
+        "stable_within": float(settings["stable_within"]),
+        "max_seconds": float(settings["seconds_per_candidate"]),
+        "max_seconds_per_stage": float(settings["seconds_per_candidate"]),
+        "max_memory_fraction": float(settings["max_memory_fraction"]),
+        "stages": {name: _stage_request(spec) for name, spec in stages.items()},
+        "threads": int(threads),
         "device_setting": str(device),
         "weights": str(Path(weights[0]).resolve()) if weights else "",
         "cfg": cfg,
@@ -87,6 +113,15 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         "optimizer": stage_defaults.get("optimizer") or "SGD",
         "cores": cores,
         "out": str(work / "measured.json"),
+    }
+
+
+def _stage_request(spec: dict) -> dict:
+    """The part of a stage spec its speed depends on, with its complete hyp (yolov5 needs every key)."""
+    return {
+        **{key: spec[key] for key in ("img", "freeze", "batch", "workers", "amp", "gpus")},
+        "nominal_batch": spec.get("nominal_batch") or YOLOV5_NOMINAL_BATCH,
+        "hyp": stage_hyp(spec["lr0"], spec.get("hyp") or {}),
     }
 
 
@@ -111,8 +146,9 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
     env["OMP_NUM_THREADS"] = str(request["cores"])  # the child sets each measurement's count itself
     planned = planned_seconds(request)
     with open(log_path, "a") as log:
-        log.write(f"probe: measuring {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch "
-                  f"sizes, about {planned:.0f} s plus imports\n")  # fmt: skip
+        log.write(f"probe: measuring {len(request['stages'])} stages' loops"
+                  + (f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
+                     if request["choose"] else "") + f": at most {planned:.0f} s plus imports and warm-ups\n")
         log.flush()
         argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
         # Like a stage's worker: its own session, its loader workers ended with it, a hung child stopped.
@@ -127,46 +163,46 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
 
 
 def planned_seconds(request: dict) -> float:
-    return len(request["loader_runs"]) * request["seconds_per_loader_run"] + len(request["batches"]) * request[
-        "seconds_per_batch"]  # fmt: skip
+    """The measuring time at most (the runs' caps), without imports and warm-ups."""
+    model_runs = len(request["batches"]) * len(request["thread_counts"]) * 2 if request["choose"] else 0
+    loader_runs = len(request["loader_runs"]) if request["choose"] else 0
+    return (model_runs + loader_runs) * request["max_seconds"] + len(request["stages"]) * request[
+        "max_seconds_per_stage"]  # fmt: skip
 
 
 def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
     cuda = measured["cuda"]
-    total = measured.get("gpu_total_memory_bytes")
-    limit = int(total * settings["max_memory_fraction"]) if cuda and total else None
-    candidates = combine(measured["loader"], measured["model"], cores=request["cores"],
-                         shares_cpu=not cuda, memory_limit_bytes=limit)  # fmt: skip
-    shared_cores = "" if cuda else ", and cores/(W/loader + threads/model): workers and compute share cores"
+    choice = measured["choice"]
     notes = [
-        f"predicted images/s: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min of both"
-        f"{shared_cores})",
+        "predicted images/s per stage: the stage's own loop measured end to end (yolov5's loader with the stage's "
+        "workers, image size and augmentation; training steps at its freeze, batch, AMP, nominal batch and EMA)",
+        "candidates for the auto settings: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min "
+        "of both" + ("" if cuda else ", and cores/(W/loader + threads/model): workers and compute share cores") + ")",
         f"ties within {TIE_TOLERANCE:.0%} of the best go to the smaller batch",
-        "model steps use synthetic images and a few random targets; the optimizer steps every batch (yolov5 "
-        "accumulates to the stage's nominal_batch, so real steps cost a little less at smaller batches)",
-        "each run's budget includes its warm-up batch; a run whose warm-up alone outlasted the budget is timed "
-        "from that batch (pessimistic; flagged timed_from_warmup)",
-        f"the model runs first; a loader run stops before its budget once it delivers {LOADER_AMPLE_FACTOR}x the "
-        f"fastest model rate after {LOADER_MIN_BATCHES} batches, not counting its workers' prefetched batches "
-        "(flagged stopped_early)",
+        f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps) and "
+        f"is timed for at least {request['min_steps']} steps, until its halves agree within "
+        f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
+        f"AMP: {measured['amp_verdict']['reason']}",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
-        f"{request['cache'] or 'none'}, at batch {request['loader_batch']}",
+        f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
     ]
     if sorted(request["batches"]) != sorted(settings["batch"]):
         notes.append(f"model timed at batch {request['batches']} only: no stage leaves batch at auto, so the other "
                      f"candidates {settings['batch']} could not be chosen")  # fmt: skip
     if not cuda:
         notes.append("AMP needs CUDA: measured with AMP off only; peak memory is not measured on CPU (null)")
-    choice = choose(candidates)
-    if not choice:
+    if request["choose"] and not choice:
         notes.append("no usable candidate: the stages keep their defaults")
     return {
         "choice": choice,
-        "candidates": candidates,
-        "measurements": {"loader": measured["loader"], "model": measured["model"]},
+        "amp_verdict": measured["amp_verdict"],
+        "stages": predictions(measured["stage_runs"]),
+        "candidates": measured["candidates"],
+        "measurements": {"loader": measured["loader"], "model": measured["model"], "stages": measured["stage_runs"]},
         "machine": {
             "device": measured["device"], "device_name": measured["device_name"],
-            "gpu_total_memory_bytes": total, "memory_limit_bytes": limit,
+            "gpu_total_memory_bytes": measured["gpu_total_memory_bytes"],
+            "memory_limit_bytes": measured["memory_limit_bytes"], "bf16_supported": measured["bf16_supported"],
             "threads_granted": threads, "available_cores": available_cores(), "cores_used": request["cores"],
             "torch": measured["torch"], "load_average_before": load[0][0], "load_average_after": load[1][0],
         },  # fmt: skip
@@ -177,7 +213,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "child_s": measured["child_s"],
         },
         "settings": {"img": request["img"], "workers": settings["workers"], "batch": settings["batch"],
-                     "batch_measured": request["batches"],
+                     "batch_measured": request["batches"], "min_steps": request["min_steps"],
+                     "stable_within": request["stable_within"],
                      "max_memory_fraction": settings["max_memory_fraction"]},  # fmt: skip
         "notes": notes,
         "written_unix": round(time.time(), 3),

@@ -297,8 +297,9 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     cpu = _cpu_section(cols, rows, win_rows)
 
     b = meta.get("batch")
-    config = {k: meta.get(k) for k in ("batch", "workers", "amp", "img", "cache", "device", "epochs", "threads", "gpus",
-                                        "val_period", "plots", "nosave", "nominal_batch", "patience", "time_budget_s")}
+    config = {k: meta.get(k) for k in ("batch", "workers", "amp", "amp_dtype", "amp_reason", "img", "cache", "device",
+                                        "epochs", "threads", "gpus", "val_period", "plots", "nosave", "nominal_batch",
+                                        "patience", "time_budget_s")}  # fmt: skip
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
     sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
           **image_cache_detail(meta.get("image_cache"))}  # fmt: skip
@@ -367,7 +368,7 @@ def timing_markdown(t: dict) -> str:
     th, g, c = t["throughput"], t["gpu"], t["cpu"]
     lines += ["",
               f"- Steady state ({th['basis']}): {_fmt(th['steady_images_per_s'])} images/s, "
-              f"{_fmt(th['steady_it_per_s'])} it/s",
+              f"{_fmt(th['steady_it_per_s'])} it/s" + _prediction_note(t.get("prediction")),
               f"- Data wait: {_fmt(t['data_wait']['share'] and 100 * t['data_wait']['share'], '{:.1f}')} % of step time",
               _setup_line(t.get("setup_detail") or {}),
               f"- First epoch / steady epoch: {_fmt(t['first_epoch_overhead'], '{:.2f}')}"
@@ -387,6 +388,14 @@ def timing_markdown(t: dict) -> str:
     for w in t["warnings"]:
         lines.append(f"- Warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def _prediction_note(prediction: dict | None) -> str:
+    if not prediction or prediction.get("predicted_images_per_s") is None:
+        return ""
+    ratio = prediction["ratio"]
+    return (f"; the probe predicted {_fmt(prediction['predicted_images_per_s'])} (measured/predicted "
+            f"{_fmt(ratio, '{:.2f}')})")
 
 
 def write_timing(stage_dir, timing: dict) -> dict:

@@ -12,6 +12,7 @@ from stagedyolo.engine.plan import (
     previous_stage,
     probe_batches,
     probe_needed,
+    probe_stage_specs,
     stage_names,
     stage_spec,
 )
@@ -69,6 +70,16 @@ def get_probe_output():
 def get_probe_batches():
     """The batch sizes the probe measures: only those a stage can take from it."""
     return probe_batches(config)
+
+
+def get_probe_stages():
+    """Each stage's speed-relevant settings: the probe predicts every stage's images/s from them."""
+    return probe_stage_specs(config)
+
+
+def get_probe_reuse_dir():
+    """Where probe measurements are kept for later runs with the same machine, data, model and settings."""
+    return f"{config['results_dir']}/probe_cache" if config["probe"]["reuse"] else None
 
 
 def get_stage_weights(wildcards):

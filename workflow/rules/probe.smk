@@ -15,6 +15,8 @@ rule probe:
     params:
         probe=config["probe"],
         batches=get_probe_batches(),
+        stages=get_probe_stages(),
+        reuse_dir=get_probe_reuse_dir(),
         stage_defaults=config["stage_defaults"],
         cfg=config["model"]["cfg"],
         device=config["device"],

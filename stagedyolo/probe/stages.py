@@ -1,0 +1,87 @@
+"""Each training stage's settings as the probe predicts them: the stage spec resolved with the probe's choice,
+exactly as the stage will resolve it (engine.plan), grouped so that stages that train alike are measured once."""
+
+from __future__ import annotations
+
+from stagedyolo.engine.amp import decide_amp
+from stagedyolo.engine.plan import cpu_budget, resolve_batch
+
+# The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
+# warmup) do not change a step's cost.
+AUGMENTATION_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
+                     "fliplr", "mosaic", "mixup", "copy_paste")  # fmt: skip
+
+
+def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_supported: bool | None) -> dict:
+    """What one stage will run with: per-GPU batch, workers and torch threads, AMP and its dtype."""
+    workers, torch_threads = cpu_budget(threads, spec["workers"], choice)
+    amp_setting = choice["amp"] if spec["amp"] == "auto" and "amp" in choice else spec["amp"]
+    amp = decide_amp(amp_setting, cuda, bf16_supported=bf16_supported)
+    return {
+        "img": int(spec["img"]),
+        "freeze": int(spec.get("freeze") or 0),
+        "batch": max(1, resolve_batch(spec["batch"], spec["gpus"], choice) // int(spec["gpus"])),
+        "gpus": int(spec["gpus"]),
+        "workers": workers,
+        "torch_threads": torch_threads,
+        "amp": amp["amp"],
+        "amp_dtype": amp["dtype"],
+        "nominal_batch": int(spec["nominal_batch"]),
+        "hyp": spec["hyp"],
+    }
+
+
+def stage_groups(request: dict, choice: dict, cuda: bool, bf16_supported: bool | None = None) -> list[dict]:
+    """One group per distinct set of speed-relevant settings, each naming its stages, in stage order."""
+    groups: dict[str, dict] = {}
+    for name, spec in request["stages"].items():
+        settings = stage_settings(spec, choice, threads=request["threads"], cuda=cuda, bf16_supported=bf16_supported)
+        key = repr({**settings, "hyp": [settings["hyp"].get(k) for k in AUGMENTATION_KEYS]})
+        groups.setdefault(key, {**settings, "stages": []})["stages"].append(name)
+    return list(groups.values())
+
+
+def predictions(stage_runs: list[dict]) -> dict:
+    """tuning.json's `stages`: each stage's predicted steady images/s (the whole stage: per GPU x GPUs) and the
+    settings it was measured at."""
+    out = {}
+    for run in stage_runs:
+        rate = run.get("images_per_s")
+        for name in run["stages"]:
+            out[name] = {
+                "predicted_images_per_s": round(rate * run["gpus"], 3) if rate else None,
+                "basis": "one GPU x gpus (DDP scaling not measured)" if run["gpus"] > 1 else "measured end to end",
+                "settings": {k: run[k] for k in ("img", "freeze", "batch", "gpus", "workers", "torch_threads", "amp",
+                                                 "amp_dtype", "nominal_batch")},  # fmt: skip
+                "steps": run.get("steps"),
+                "stable": run.get("stable"),
+                "seconds": run.get("seconds"),
+            }
+    return out
+
+
+# The acceptance band for a prediction: the stage's measured steady images/s within +-25 % of it.
+PREDICTION_TOLERANCE = 0.25
+COMPARED_SETTINGS = ("img", "freeze", "batch", "workers", "torch_threads", "amp")
+
+
+def compare_prediction(prediction: dict | None, ran: dict, measured_images_per_s: float | None) -> dict:
+    """timing.json's `prediction`: the probe's figure for this stage beside what the stage measured.
+    ``ran``: the settings the stage ran with (per-GPU batch); a tuned stage may differ from what was predicted."""
+    if not prediction or prediction.get("predicted_images_per_s") is None:
+        why = "no probe ran for this stage" if not prediction else "the probe measured nothing for this stage"
+        return {"predicted_images_per_s": None, "measured_steady_images_per_s": measured_images_per_s,
+                "ratio": None, "within_tolerance": None, "reason": why}  # fmt: skip
+    predicted = prediction["predicted_images_per_s"]
+    differs = {k: {"predicted_at": prediction["settings"].get(k), "ran": ran.get(k)}
+               for k in COMPARED_SETTINGS if prediction["settings"].get(k) != ran.get(k)}  # fmt: skip
+    ratio = round(measured_images_per_s / predicted, 3) if measured_images_per_s and predicted else None
+    return {
+        "predicted_images_per_s": predicted,
+        "measured_steady_images_per_s": measured_images_per_s,
+        "ratio": ratio,  # measured / predicted
+        "within_tolerance": None if ratio is None else abs(ratio - 1) <= PREDICTION_TOLERANCE,
+        "tolerance": PREDICTION_TOLERANCE,
+        "settings_differ": differs,  # e.g. a tune trial kept another setting; then the ratio compares unlike runs
+        "reason": None if ratio is not None else "no steady epoch measured (a stage of one epoch has none)",
+    }

@@ -1,0 +1,73 @@
+"""Timing a repeated step until its rate is steady. Pure Python, no torch: the probe's every measurement uses it.
+
+The H200 run showed what short windows do: loader runs of 4-12 batches (1.3-2.9 s) ranked 4 workers above 12, and
+3-6 AMP steps ranked AMP below fp32; both were warm-up (worker start, queued batches, cuDNN autotuning), not the
+steady state a stage runs in for hours. So a measurement here first runs untimed warm-up steps, then times step by
+step until the latest ``min_steps`` steps are steady (their first and second half agree within ``stable_within``),
+or its ``max_seconds`` run out (then it is flagged ``stable: false``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+def halves_agree(durations: list[float], images: list[int], stable_within: float) -> tuple[bool, list[float]]:
+    """Whether the rates (images/s) of the first and second half of the timed steps differ by at most
+    ``stable_within`` of the larger one; and both rates."""
+    half = len(durations) // 2
+    if half == 0:
+        return False, []
+    rates = [sum(images[:half]) / max(sum(durations[:half]), 1e-9),
+             sum(images[half:]) / max(sum(durations[half:]), 1e-9)]  # fmt: skip
+    return abs(rates[0] - rates[1]) <= stable_within * max(rates), [round(r, 3) for r in rates]
+
+
+def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, stable_within: float,
+                max_seconds: float, enough: Callable[[int, float], bool] | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> dict:  # fmt: skip
+    """Time ``step`` (returns the images it processed) in its steady state.
+
+    After ``warmup_steps`` untimed steps, steps are timed one by one; the measurement is the latest ``min_steps``
+    of them, once its two halves agree within ``stable_within``. Steps before that window were still settling
+    (a queue draining, clocks ramping) and count as warm-up too (``settling_steps``). ``enough(images, seconds)``
+    may end a run early once its answer cannot matter (a loader far faster than the model cannot be the
+    bottleneck). ``max_seconds`` bounds the timed part; then the latest window is reported with ``stable: false``.
+    """
+    started = clock()
+    for _ in range(warmup_steps):
+        step()
+    warmup_s = clock() - started
+    durations: list[float] = []
+    images: list[int] = []
+    stable, rates, stopped_early = False, [], False
+    while True:
+        t0 = clock()
+        images.append(step())
+        durations.append(clock() - t0)
+        window = slice(-min_steps, None)
+        if len(durations) >= min_steps:
+            stable, rates = halves_agree(durations[window], images[window], stable_within)
+            if stable:
+                break
+            if enough is not None and enough(sum(images[window]), sum(durations[window])):
+                stopped_early = True
+                break
+        if sum(durations) >= max_seconds:
+            break
+    timed, counted = durations[window], images[window]
+    seconds = sum(timed)
+    return {
+        "images_per_s": round(sum(counted) / seconds, 3) if seconds > 0 else None,
+        "steps": len(timed),
+        "images": sum(counted),
+        "seconds": round(seconds, 4),
+        "warmup_steps": warmup_steps,
+        "warmup_s": round(warmup_s, 4),
+        "settling_steps": len(durations) - len(timed),
+        "settling_s": round(sum(durations) - seconds, 4),
+        "stable": stable,  # the window's two halves agreed within stable_within
+        "half_rates": rates,
+        "stopped_early": stopped_early,
+    }
