@@ -212,7 +212,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
                           wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
     ran = {**{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
            "batch": plan["batch"] // plan["gpus"], "amp": outcome.get("amp")}  # fmt: skip
-    timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"]["steady_images_per_s"])
+    timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"])
     write_timing(stage_dir, timing)
     findings = diagnose(timing)
     write_diagnosis(stage_dir, findings)

@@ -1,6 +1,7 @@
 """The probe: the pipeline model and choosing rule on synthetic measurements, then one real run on a tiny demo."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,6 +10,7 @@ from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
 from stagedyolo.engine.plan import probe_stage_specs
 from stagedyolo.probe.child import model_runs_for
+from stagedyolo.probe.reuse import reuse_key
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -92,7 +94,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
     run = dict(cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out), settings=settings,
                stage_defaults=config["stage_defaults"], cfg="yolov5n.yaml", device="cpu", img=64, threads=2,
-               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config), reuse_dir=str(tmp_path / "reuse"))
+               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config))
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -126,10 +128,15 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     again = json.loads(tuning_out.read_text())
     assert again["reused"]["key"] and again["stages"] == tuning["stages"] and again["choice"] == tuning["choice"]
     assert again["budget_s"]["rule_s"] < tuning["budget_s"]["rule_s"]
-    # ...and not once a setting the measurement depends on changed.
-    tuning_out.unlink()
-    probe_for_rule(str(data), **{**run, "stages": probe_stage_specs({**config, "stages": {"a": {"img": 96}}})})
-    assert "reused" not in json.loads(tuning_out.read_text())
+    assert list((tmp_path / "probe_cache").glob("*.json"))  # <results_dir>/probe_cache, beside the run folder
+    # ...and not once a setting the measurement depends on, or the images, changed.
+    request = json.loads((tmp_path / "run" / "probe" / "probe_work" / "request.json").read_text())
+    key = reuse_key(request, [])
+    assert reuse_key({**request, "stages": {"a": {**request["stages"]["a"], "img": 96}}}, []) != key
+    assert reuse_key({**request, "threads": 1}, []) != key
+    first_image = Path(Path(request["data_list"]).read_text().split()[0])
+    first_image.write_bytes(first_image.read_bytes() + b"\0")  # this test's own image: a changed file
+    assert reuse_key(request, []) != key
 
 
 def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_thread_count():
@@ -142,3 +149,19 @@ def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cpu_runs) == [
         (8, False, 1), (8, False, 2), (16, False, 1), (16, False, 2)]  # fmt: skip
     assert all(r["min_steps"] == 10 for r in cpu_runs)
+
+
+def test_a_prediction_is_compared_with_steady_epochs_only_and_names_settings_that_differ():
+    from stagedyolo.probe.stages import compare_prediction
+
+    settings = {"img": 128, "freeze": 0, "batch": 16, "workers": 0, "torch_threads": 2, "amp": False}
+    prediction = {"predicted_images_per_s": 60.0, "settings": settings}
+    steady = {"basis": "epochs after the first", "steady_images_per_s": 45.0}
+    compared = compare_prediction(prediction, settings, steady)
+    assert (compared["ratio"], compared["within_tolerance"], compared["settings_differ"]) == (0.75, True, {})
+    assert compare_prediction(prediction, settings, {**steady, "steady_images_per_s": 44.0})["within_tolerance"] is False
+    one_epoch = compare_prediction(prediction, settings, {"basis": "the only epoch", "steady_images_per_s": 30.0})
+    assert one_epoch["ratio"] is None and "warm-up" in one_epoch["reason"]  # a first epoch is not steady
+    tuned = compare_prediction(prediction, {**settings, "workers": 1}, steady)  # a tune trial kept workers 1
+    assert tuned["settings_differ"] == {"workers": {"predicted_at": 0, "ran": 1}}
+    assert compare_prediction(None, settings, steady)["reason"] == "no probe ran for this stage"

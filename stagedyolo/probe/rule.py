@@ -31,12 +31,13 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   batches: list[int] | None = None, stages: dict | None = None,
-                   reuse_dir: str | None = None) -> dict:  # fmt: skip
+                   batches: list[int] | None = None, stages: dict | None = None) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
-    take). ``stages``: each training stage's spec (plan.stage_spec), whose steady images/s the probe predicts.
-    ``reuse_dir``: where measurements are kept for later runs on the same machine, data, model and settings."""
+    take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
+    probe predicts. With ``settings["reuse"]`` measurements are kept in <results_dir>/probe_cache (derived from
+    `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix applies) for later runs on the same machine,
+    data, model and settings."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -51,7 +52,8 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
                            work=work, batches=batches, stages=stages,
                            image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
-    key = reuse_key(request, weights) if reuse_dir and settings.get("reuse", True) else None
+    reuse_dir = tuning_out.parent.parent.parent / "probe_cache"  # R/probe/tuning.json, R = <results_dir>/<run>
+    key = reuse_key(request, weights) if settings.get("reuse", True) else None
     reused = read_reusable(reuse_dir, key) if key else None
     if reused is not None:
         tuning = {**reused, "reused": {"key": key, "from": str(Path(reuse_dir) / f"{key}.json"),

@@ -63,11 +63,15 @@ def predictions(stage_runs: list[dict]) -> dict:
 # The acceptance band for a prediction: the stage's measured steady images/s within +-25 % of it.
 PREDICTION_TOLERANCE = 0.25
 COMPARED_SETTINGS = ("img", "freeze", "batch", "workers", "torch_threads", "amp")
+STEADY_BASIS = "epochs after the first"  # timing.json throughput.basis when it has steady epochs
 
 
-def compare_prediction(prediction: dict | None, ran: dict, measured_images_per_s: float | None) -> dict:
+def compare_prediction(prediction: dict | None, ran: dict, throughput: dict) -> dict:
     """timing.json's `prediction`: the probe's figure for this stage beside what the stage measured.
-    ``ran``: the settings the stage ran with (per-GPU batch); a tuned stage may differ from what was predicted."""
+    ``ran``: the settings the stage ran with (per-GPU batch); a tuned stage may differ from what was predicted.
+    ``throughput``: timing.json's; only epochs after the first are steady (the first one includes warm-up)."""
+    steady = throughput["basis"] == STEADY_BASIS
+    measured_images_per_s = throughput["steady_images_per_s"] if steady else None
     if not prediction or prediction.get("predicted_images_per_s") is None:
         why = "no probe ran for this stage" if not prediction else "the probe measured nothing for this stage"
         return {"predicted_images_per_s": None, "measured_steady_images_per_s": measured_images_per_s,
@@ -83,5 +87,6 @@ def compare_prediction(prediction: dict | None, ran: dict, measured_images_per_s
         "within_tolerance": None if ratio is None else abs(ratio - 1) <= PREDICTION_TOLERANCE,
         "tolerance": PREDICTION_TOLERANCE,
         "settings_differ": differs,  # e.g. a tune trial kept another setting; then the ratio compares unlike runs
-        "reason": None if ratio is not None else "no steady epoch measured (a stage of one epoch has none)",
+        "reason": None if ratio is not None else f"no steady epoch measured ({throughput['basis']}: the first "
+                                                  "epoch includes warm-up)",
     }

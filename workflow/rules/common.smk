@@ -77,11 +77,6 @@ def get_probe_stages():
     return probe_stage_specs(config)
 
 
-def get_probe_reuse_dir():
-    """Where probe measurements are kept for later runs with the same machine, data, model and settings."""
-    return f"{config['results_dir']}/probe_cache" if config["probe"]["reuse"] else None
-
-
 def get_stage_weights(wildcards):
     """The checkpoint a stage starts from: the previous stage's last.pt, or the model's weights."""
     spec = stage_spec(config, wildcards.stage)

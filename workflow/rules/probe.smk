@@ -16,7 +16,6 @@ rule probe:
         probe=config["probe"],
         batches=get_probe_batches(),
         stages=get_probe_stages(),
-        reuse_dir=get_probe_reuse_dir(),
         stage_defaults=config["stage_defaults"],
         cfg=config["model"]["cfg"],
         device=config["device"],

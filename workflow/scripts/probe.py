@@ -8,7 +8,6 @@ probe_for_rule(
     settings=snakemake.params.probe,
     batches=snakemake.params.batches,
     stages=snakemake.params.stages,
-    reuse_dir=snakemake.params.reuse_dir,
     stage_defaults=snakemake.params.stage_defaults,
     cfg=snakemake.params.cfg,
     device=snakemake.params.device,
