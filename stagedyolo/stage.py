@@ -55,6 +55,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     probe_choice = probe_choice or {}
     workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
+    amp_from_probe = spec["amp"] == "auto" and "amp" in probe_choice
     # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
     batch = resolve_batch(spec["batch"], spec["gpus"], probe_choice)
     # A spec that leaves them out (an older config, a hand-built spec) trains exactly as yolov5 does.
@@ -77,8 +78,8 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "min_warmup_iters": min_warmup_iters,
         "cache": None if cache == "none" else cache,
         "image_store": image_store if cache == "ram" else None,
-        "amp": probe_choice["amp"] if spec["amp"] == "auto" and "amp" in probe_choice else spec["amp"],
-        "amp_source": "probe" if spec["amp"] == "auto" and "amp" in probe_choice else "config",
+        "amp": probe_choice["amp"] if amp_from_probe else spec["amp"],
+        "amp_source": _amp_source(probe_choice) if amp_from_probe else "config",
         "device": str(spec["device"]),
         "val_period": spec["val_period"],
         "gpus": spec["gpus"],
@@ -91,6 +92,11 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "work_dir": str(Path(work_dir).resolve()),
         "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     }
+
+
+def _amp_source(probe_choice: dict) -> str:
+    reason = probe_choice.get("amp_reason")
+    return f"probe ({reason})" if reason else "probe"
 
 
 def _unless_none(value, default):

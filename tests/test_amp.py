@@ -31,6 +31,7 @@ def test_no_amp_on_cpu_and_every_setting_says_why():
     forced = decide_amp(True, cuda=False)
     assert forced["amp"] is False and "CPU" in forced["reason"] and "true from config" in forced["reason"]
     assert decide_amp("bf16", cuda=False)["amp"] is False
+    assert decide_amp(False, cuda=False, source="probe")["reason"] == "off on CPU (AMP needs CUDA)"
 
 
 def test_cuda_settings_and_bf16():

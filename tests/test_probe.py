@@ -165,3 +165,16 @@ def test_a_prediction_is_compared_with_steady_epochs_only_and_names_settings_tha
     tuned = compare_prediction(prediction, {**settings, "workers": 1}, steady)  # a tune trial kept workers 1
     assert tuned["settings_differ"] == {"workers": {"predicted_at": 0, "ran": 1}}
     assert compare_prediction(None, settings, steady)["reason"] == "no probe ran for this stage"
+
+
+def test_on_cuda_the_choice_keeps_amp_on_unless_clearly_slower_and_says_why():
+    from stagedyolo.probe.choice import decide
+
+    request = {"max_memory_fraction": 0.85, "cores": 16}
+    runs = [{**model(64, 591.0, amp=False, peak=1 << 30), "steps": 6},  # the H200's short-window evidence
+            {**model(64, 411.0, amp=True, peak=1 << 30), "steps": 3}]  # fmt: skip
+    decision = decide(request, [loader(8, 5000.0, 8)], runs, cuda=True, gpu_total_memory_bytes=80 << 30)
+    assert decision["choice"]["amp"] is True and "on with CUDA" in decision["choice"]["amp_reason"]
+    slower = [{**r, "steps": 40} for r in runs]  # the same figures over 40 steps each: AMP is off, with the figures
+    decision = decide(request, [loader(8, 5000.0, 8)], slower, cuda=True, gpu_total_memory_bytes=80 << 30)
+    assert decision["choice"]["amp"] is False and "411.0 vs 591.0" in decision["choice"]["amp_reason"]

@@ -44,8 +44,9 @@ def decide_amp(setting, cuda: bool, source: str = "config", bf16_supported: bool
     """What a stage runs: {"amp": bool, "dtype": "float16" | "bfloat16" | None, "reason": str}.
     `source` says who set a true/false: the config, or the probe for `amp: auto`."""
     if not cuda:
-        why = "AMP needs CUDA" if setting == "auto" else f"amp: {_name(setting)} from {source}, but yolov5's AMP " \
-                                                         "does not apply on the CPU"  # fmt: skip
+        asked = setting is True or setting == "bf16"
+        why = f"amp: {_name(setting)} from {source}, but yolov5's AMP does not apply on the CPU" if asked else \
+            "AMP needs CUDA"  # fmt: skip
         return {"amp": False, "dtype": None, "reason": f"off on CPU ({why})"}
     if setting == "bf16":
         if bf16_supported:

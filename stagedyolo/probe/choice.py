@@ -100,4 +100,6 @@ def decide(request: dict, loader_runs: list[dict], model_runs: list[dict], *, cu
     choice = choose([c for c in candidates if c["amp"] == verdict["amp"]])
     if choice:
         choice["amp"] = verdict["amp"]
+        if cuda:  # the stages' amp_reason names the verdict (with its figures when AMP was turned off)
+            choice["amp_reason"] = verdict["reason"]
     return {"choice": choice, "candidates": candidates, "amp_verdict": verdict, "memory_limit_bytes": limit}

@@ -52,26 +52,35 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
                            work=work, batches=batches, stages=stages,
                            image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
-    reuse_dir = tuning_out.parent.parent.parent / "probe_cache"  # R/probe/tuning.json, R = <results_dir>/<run>
-    key = reuse_key(request, weights) if settings.get("reuse", True) else None
-    reused = read_reusable(reuse_dir, key) if key else None
-    if reused is not None:
-        tuning = {**reused, "reused": {"key": key, "from": str(Path(reuse_dir) / f"{key}.json"),
-                                       "measured_unix": reused.get("written_unix")}}  # fmt: skip
-    else:
-        run_dir = tuning_out.parent.parent  # R/probe/tuning.json: the stages' engine home is R/engine
-        load_before = os.getloadavg()
-        measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
-        tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
-        if key:
-            write_reusable(reuse_dir, key, tuning)
+    tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
     tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
-        source = f"reused from {tuning['reused']['from']}" if reused is not None else "measured"
+        source = f"reused from {tuning['reused']['from']}" if "reused" in tuning else "measured"
         log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'} ({source})\n")
         for name, stage in tuning["stages"].items():
             log.write(f"probe: {name} predicted {stage['predicted_images_per_s']} images/s\n")
+    return tuning
+
+
+def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threads: int, work: Path,
+                     log_path: str) -> dict:  # fmt: skip
+    """tuning.json's content: a reusable earlier measurement when settings["reuse"] allows and one matches, else a
+    fresh one, kept for later runs. ``work``: R/probe/probe_work, R = <results_dir>/<run>; the measurements are kept
+    in <results_dir>/probe_cache, and the stages' engine home is R/engine."""
+    run_dir = work.parent.parent
+    reuse_dir = run_dir.parent / "probe_cache"
+    key = reuse_key(request, weights) if settings.get("reuse", True) else None
+    reused = read_reusable(reuse_dir, key) if key else None
+    if reused is not None:
+        return {**reused, "reused": {"key": key, "from": str(reuse_dir / f"{key}.json"),
+                                     "measured_unix": reused.get("written_unix"),
+                                     "measured_child_s": reused["budget_s"]["child_s"]}}  # fmt: skip
+    load_before = os.getloadavg()
+    measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
+    tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
+    if key:
+        write_reusable(reuse_dir, key, tuning)
     return tuning
 
 
