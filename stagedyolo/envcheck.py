@@ -221,7 +221,7 @@ def torch_facts() -> dict:
         available = torch.cuda.is_available()  # an old driver shows up as a warning here, not an exception
     out = {
         "version": torch.__version__,
-        "torchvision": _version("torchvision"),
+        "torchvision": package_version("torchvision"),
         "cuda_build": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "cuda_available": available,
@@ -312,7 +312,7 @@ def host_facts(cache_dir: str) -> dict:
     }
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -351,7 +351,7 @@ def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | Non
     """All facts. ``torch_info``/``nvml_info`` let tests inject a synthetic machine."""
     t = torch_info if torch_info is not None else torch_facts()
     nvml = nvml_info if nvml_info is not None else nvml_facts()
-    versions = {p: _version(p) for p in PACKAGES}
+    versions = {p: package_version(p) for p in PACKAGES}
     facts = {
         "torch": t,
         "nvml": nvml,

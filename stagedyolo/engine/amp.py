@@ -20,9 +20,10 @@ def amp_verdict(model_runs: list[dict], cuda: bool) -> dict:
     if not cuda:
         return {"amp": False, "reason": "off on CPU (AMP needs CUDA)", "evidence": []}
     evidence = []
+    threads = min((r["torch_threads"] for r in model_runs), default=None)  # on CUDA every run has the same count
     for batch in sorted({r["batch"] for r in model_runs}):
         sides = {r["amp"]: r for r in model_runs if r["batch"] == batch and r.get("status", "ok") == "ok"
-                 and r.get("torch_threads") == min(x["torch_threads"] for x in model_runs)}  # fmt: skip
+                 and r["torch_threads"] == threads}  # fmt: skip
         if True in sides and False in sides:
             evidence.append({"batch": batch, "amp_images_per_s": sides[True]["images_per_s"],
                              "fp32_images_per_s": sides[False]["images_per_s"],

@@ -251,7 +251,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
 
     measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS + PREFETCH_PER_WORKER * loader.num_workers,
                            min_steps=request["min_steps"], stable_within=request["stable_within"],
-                           max_seconds=request["max_seconds_per_stage"])  # fmt: skip
+                           max_seconds=request["max_seconds"])  # fmt: skip
     _stop_workers(loader)
     del batches, loader, ema
     optimizer.zero_grad(set_to_none=True)

@@ -14,10 +14,11 @@ import hashlib
 import json
 import os
 import platform
-from importlib import metadata
 from pathlib import Path
 
+from stagedyolo.dataset.validate import img2label_path
 from stagedyolo.engine.plan import available_cores
+from stagedyolo.envcheck import package_version
 from stagedyolo.jsonio import read_json, write_json
 
 # Bump when the probe measures differently: results of an older probe are not reused.
@@ -43,8 +44,8 @@ def machine_identity() -> dict:
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cores": available_cores(),
-        "torch": _version("torch"),
-        "yolov5": _version("yolov5"),
+        "torch": package_version("torch"),
+        "yolov5": package_version("yolov5"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
@@ -67,7 +68,7 @@ def _images_fingerprint(list_path: Path) -> str:
     digest = hashlib.sha256()
     for line in list_path.read_text().split():
         image = Path(line)
-        label = Path("/labels/".join(line.rsplit("/images/", 1)).rsplit(".", 1)[0] + ".txt")  # yolov5's rule
+        label = Path(img2label_path(line))
         digest.update(f"{image.name}:{image.stat().st_size}:".encode())
         digest.update(label.read_bytes() if label.is_file() else b"-")
     return digest.hexdigest()
@@ -89,10 +90,3 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

@@ -112,7 +112,6 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         "min_steps": int(settings["min_steps"]),
         "stable_within": float(settings["stable_within"]),
         "max_seconds": float(settings["seconds_per_candidate"]),
-        "max_seconds_per_stage": float(settings["seconds_per_candidate"]),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
         "stages": {name: _stage_request(spec) for name, spec in stages.items()},
         "threads": int(threads),
@@ -177,8 +176,7 @@ def planned_seconds(request: dict) -> float:
     """The measuring time at most (the runs' caps), without imports and warm-ups."""
     model_runs = len(request["batches"]) * len(request["thread_counts"]) * 2 if request["choose"] else 0
     loader_runs = len(request["loader_runs"]) if request["choose"] else 0
-    return (model_runs + loader_runs) * request["max_seconds"] + len(request["stages"]) * request[
-        "max_seconds_per_stage"]  # fmt: skip
+    return (model_runs + loader_runs + len(request["stages"])) * request["max_seconds"]
 
 
 def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
