@@ -15,11 +15,10 @@ Datasets:
   images and 4-8 epochs (the 2026-11-30 run) no side passed mAP50 0.003; at 320 images and 30 epochs the control
   passed 0.5 at epoch 16. yolov5's default hyp on every side: SGD, lr0 0.01,
   hyp.scratch-low as is (mosaic 1.0, obj 1.0, cls 0.5, warmup_epochs 3.0). The staged config is config.yaml with
-  that optimizer/lr0/hyp, img `--det-img` everywhere, and the demo's stage layout without highres (det is trained and judged at one
-  size): smoke 2 epochs, frozen
-  `--det-frozen` epochs at freeze 10, finetune `--det-finetune` epochs at lr0/4, default 14 each (the demo's 1:1,
-  2 + 14 + 14 = the long control budget's 30 epochs); val_period 3 in
-  both, as the demo's frozen/finetune (each also validates its last epoch). It keeps
+  that optimizer/lr0/hyp, img `--det-img` everywhere, and the demo's stage layout without highres (det is trained
+  and judged at one size): smoke 2 epochs, frozen `--det-frozen` epochs at freeze 10, finetune `--det-finetune`
+  epochs at lr0/4, default 14 each (the demo's 1:1, and 2 + 14 + 14 = the long control budget's 30 epochs);
+  val_period 3 in both, as the demo's frozen/finetune (each also validates its last epoch). It keeps
   config.yaml's engine settings (nominal_batch 16, min_warmup_iters 0), which the fair control shares. It starts
   from the demo's pretrained.pt: no official checkpoint can be fetched offline, and both sides start from it.
 Both staged configs set engine.warm_start: false (every process starts afresh, as after the warm server's removal).
@@ -150,7 +149,8 @@ def probe_figures(run_dir: Path, config: dict) -> dict:
     ratios = {}
     for stage in config["stages"]:
         timing = run_dir / "stages" / stage / "timing.json"
-        ratios[stage] = (json.loads(timing.read_text()).get("prediction") or {}).get("ratio") if timing.exists() else None
+        prediction = json.loads(timing.read_text()).get("prediction") if timing.exists() else None
+        ratios[stage] = (prediction or {}).get("ratio")
     return {"probe_rule_s": json.loads(tuning.read_text())["budget_s"].get("rule_s") if tuning.exists() else None,
             "prediction_ratio": ratios}
 
