@@ -130,29 +130,29 @@ def run_staged(config: dict, workdir: Path) -> dict:
     jobs = snakemake_jobs((workdir / "snakemake.log").read_text())
     first_stage = next(iter(config["stages"]))
     stage_json = json.loads((run_dir / "stages" / first_stage / "stage.json").read_text())
-    tuning = run_dir / "probe" / "tuning.json"
     return {**probe_figures(run_dir, config),
         "side": "staged", "start": run["start"], "wall_s": run["wall_s"], "load_before": load_before,
         "load_after": _loads(), "rows": _rows(poller.events, run["start"], lambda path: imgs[Path(path).parent.name]),
         "prep_job_s": {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"] in PREP_RULES and "end" in j},
         "stage_job_s": {j["stage"]: j["end"] - j["start"] for j in jobs if j["rule"] == "train_stage" and "end" in j},
-        "probe_choice": json.loads(tuning.read_text()).get("choice") if tuning.exists() else None,
         "cache_mode": json.loads((run_dir / "data" / "cache.json").read_text())["mode"],
         "workers": stage_json["workers"], "torch_threads": stage_json["torch_threads"], "batch": stage_json["batch"],
     }  # fmt: skip
 
 
 def probe_figures(run_dir: Path, config: dict) -> dict:
-    """What the probe cost (its rule's wall, tuning.json budget_s.rule_s) and how each stage's measured steady
-    images/s compared with its prediction (timing.json prediction.ratio; None for a stage without a steady epoch)."""
-    tuning = run_dir / "probe" / "tuning.json"
+    """The probe's choice (the fair control trains with it), what the probe cost (its rule's wall, tuning.json
+    budget_s.rule_s) and how each stage's measured steady images/s compared with its prediction (timing.json
+    prediction.ratio; None for a stage without a steady epoch)."""
+    tuning_path = run_dir / "probe" / "tuning.json"
+    tuning = json.loads(tuning_path.read_text()) if tuning_path.exists() else None
     ratios = {}
     for stage in config["stages"]:
         timing = run_dir / "stages" / stage / "timing.json"
         prediction = json.loads(timing.read_text()).get("prediction") if timing.exists() else None
         ratios[stage] = (prediction or {}).get("ratio")
-    return {"probe_rule_s": json.loads(tuning.read_text())["budget_s"].get("rule_s") if tuning.exists() else None,
-            "prediction_ratio": ratios}
+    return {"probe_choice": tuning and tuning.get("choice"),
+            "probe_rule_s": tuning and tuning["budget_s"].get("rule_s"), "prediction_ratio": ratios}
 
 
 def _rows(events: list[dict], start: float, img_of) -> list[dict]:

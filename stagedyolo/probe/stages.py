@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from stagedyolo.engine.amp import decide_amp
 from stagedyolo.engine.plan import cpu_budget, resolve_batch
+from stagedyolo.telemetry.summary import STEADY_BASIS
 
 # The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
 # warmup) do not change a step's cost.
@@ -63,7 +64,6 @@ def predictions(stage_runs: list[dict]) -> dict:
 # The acceptance band for a prediction: the stage's measured steady images/s within +-25 % of it.
 PREDICTION_TOLERANCE = 0.25
 COMPARED_SETTINGS = ("img", "freeze", "batch", "workers", "torch_threads", "amp")
-STEADY_BASIS = "epochs after the first"  # timing.json throughput.basis when it has steady epochs
 
 
 def compare_prediction(prediction: dict | None, ran: dict, throughput: dict) -> dict:

@@ -14,6 +14,9 @@ from pathlib import Path
 from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import write_json
 
+# throughput.basis when the stage has steady epochs: the first epoch includes warm-up (loader start, caching).
+STEADY_BASIS = "epochs after the first"
+
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("timing.schema.json")
 PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
@@ -260,7 +263,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     # ---------------------------------------------------------------- throughput
     complete = [e for e in epochs if e["complete"] and e["train_s"] > 0] or [e for e in epochs if e["train_s"] > 0]
     steady = complete[1:] if len(complete) > 1 else complete
-    basis = "epochs after the first" if len(complete) > 1 else ("the only epoch" if complete else "no epochs")
+    basis = STEADY_BASIS if len(complete) > 1 else ("the only epoch" if complete else "no epochs")
     st_train = sum(e["train_s"] for e in steady)
     throughput = {
         "steady_images_per_s": round(sum(e["images"] for e in steady) / st_train, 3) if st_train > 0 else None,
