@@ -1,6 +1,7 @@
 """The probe: the pipeline model and choosing rule on synthetic measurements, then one real run on a tiny demo."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_
 from stagedyolo.engine.plan import probe_stage_specs
 from stagedyolo.probe.child import model_runs_for
 from stagedyolo.probe.reuse import reuse_key
+from stagedyolo.probe.steady import MIN_TIMED_STEPS
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -88,7 +90,9 @@ def test_nothing_usable_means_no_choice():
 def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_numbers(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
-    settings = {**CONFIG["probe"], "seconds_per_candidate": 0.5, "min_steps": 4, "workers": [0, 1], "batch": [2, 4]}
+    # A budget the imports alone use up: every run then times the fewest steps a figure needs, and says so.
+    settings = {**CONFIG["probe"], "seconds_per_candidate": 5, "min_steps": 4, "workers": [0, 1], "batch": [2, 4],
+                "budget_s": 0.5}  # fmt: skip
     config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": "auto"},
               "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}}}
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
@@ -100,7 +104,10 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
 
     loader_runs, model_runs = tuning["measurements"]["loader"], tuning["measurements"]["model"]
     assert sorted(r["workers"] for r in loader_runs) == [0, 1]
-    assert all(r["images"] > 0 and r["images_per_s"] > 0 and r["steps"] >= 1 for r in loader_runs + model_runs)
+    assert all(r["images"] > 0 and r["images_per_s"] > 0 for r in loader_runs + model_runs)
+    every_run = loader_runs + model_runs + tuning["measurements"]["stages"]
+    assert all(r["steps"] == MIN_TIMED_STEPS and r["cut_by_budget"] for r in every_run)
+    assert tuning["budget_s"]["budget_s"] == 0.5 and any("budget" in note for note in tuning["notes"])
     # On 2 cores: 0 workers leave compute 2 threads, 1 worker leaves 1; every batch is timed at both.
     assert sorted((r["batch"], r["torch_threads"]) for r in model_runs) == [(2, 1), (2, 2), (4, 1), (4, 2)]
     assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
@@ -134,6 +141,8 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     key = reuse_key(request, [])
     assert reuse_key({**request, "stages": {"a": {**request["stages"]["a"], "img": 96}}}, []) != key
     assert reuse_key({**request, "threads": 1}, []) != key
+    assert reuse_key({**request, "budget_s": 30}, []) != key  # a budget changes how long each run is timed
+    assert reuse_key({**request, "deadline_unix": request["deadline_unix"] + 60}, []) == key  # a later run's deadline
     first_image = Path(Path(request["data_list"]).read_text().split()[0])
     first_image.write_bytes(first_image.read_bytes() + b"\0")  # this test's own image: a changed file
     assert reuse_key(request, []) != key
@@ -178,3 +187,23 @@ def test_on_cuda_the_choice_keeps_amp_on_unless_clearly_slower_and_says_why():
     slower = [{**r, "steps": 40} for r in runs]  # the same figures over 40 steps each: AMP is off, with the figures
     decision = decide(request, [loader(8, 5000.0, 8)], slower, cuda=True, gpu_total_memory_bytes=80 << 30)
     assert decision["choice"]["amp"] is False and "411.0 vs 591.0" in decision["choice"]["amp_reason"]
+
+
+def test_deferred_imports_run_a_module_on_its_first_use_not_on_import(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from stagedyolo.probe.child import DeferredImports
+
+    (tmp_path / "probe_deferred_sample.py").write_text("import os\nos.environ['PROBE_DEFERRED_RAN'] = '1'\nVALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PROBE_DEFERRED_RAN", raising=False)
+    finder = DeferredImports(("probe_deferred_sample",))
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "probe_deferred_sample", raising=False)
+    importlib.invalidate_caches()
+    import probe_deferred_sample
+
+    assert "PROBE_DEFERRED_RAN" not in os.environ  # imported, not executed
+    assert probe_deferred_sample.VALUE == 7 and os.environ["PROBE_DEFERRED_RAN"] == "1"  # executed on first use
+    monkeypatch.delitem(sys.modules, "probe_deferred_sample")

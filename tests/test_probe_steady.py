@@ -1,8 +1,9 @@
-"""The probe's steady-state timer, on a scripted clock: warm-up excluded, stops when its halves agree."""
+"""The probe's steady-state timer, on a scripted clock: warm-up excluded, stops when its halves agree, and the
+probe's time budget shared among its measurements."""
 
 import itertools
 
-from stagedyolo.probe.steady import halves_agree, time_steady
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget, halves_agree, time_steady
 
 
 class ScriptedSteps:
@@ -54,3 +55,29 @@ def test_halves_agree():
     assert halves_agree([1.0, 1.0, 1.0, 1.04], [10] * 4, 0.05)[0] is True
     assert halves_agree([1.0, 1.0, 1.2, 1.2], [10] * 4, 0.05)[0] is False
     assert halves_agree([1.0], [10], 0.05) == (False, [])
+
+
+def test_a_deadline_ends_the_timed_part_after_the_full_warm_up_and_says_so():
+    steps = ScriptedSteps([2.0, 2.0] + [0.1 * 1.1**k for k in range(100)])  # never steady
+    result = time_steady(steps.step, warmup_steps=2, min_steps=10, stable_within=0.01, max_seconds=60,
+                         deadline=3.0, clock=steps.clock)  # fmt: skip
+    # The deadline passed during the warm-up, which still ran in full; then the fewest steps a figure needs.
+    assert result["warmup_s"] == 4.0 and result["steps"] == MIN_TIMED_STEPS and result["cut_by_budget"] is True
+    assert abs(result["images_per_s"] - 20 / (0.1 + 0.11)) < 1e-3
+    steps = ScriptedSteps([0.1] * 100)
+    result = time_steady(steps.step, warmup_steps=0, min_steps=10, stable_within=0.05, max_seconds=60,
+                         deadline=99.0, clock=steps.clock)  # fmt: skip
+    assert result["cut_by_budget"] is False and result["stable"] is True and result["steps"] == 10
+
+
+def test_the_budget_gives_each_measurement_an_equal_share_of_what_is_left():
+    now = [0.0]
+    budget = MeasuringBudget(deadline=12.0, runs=3, clock=lambda: now[0])
+    assert budget.next_deadline() == 4.0  # 12 s for 3 runs
+    now[0] = 2.0  # the first ended early (steady): the other two share the rest
+    assert budget.next_deadline() == 7.0
+    now[0] = 9.0  # the second overran (its warm-up): the last still gets what is left, none of it lost
+    assert budget.next_deadline() == 12.0
+    now[0] = 13.0  # past the deadline: a run gets no timed share (time_steady still times MIN_TIMED_STEPS)
+    assert budget.next_deadline() == 13.0
+    assert MeasuringBudget(deadline=None, runs=3).next_deadline() is None

@@ -8,6 +8,7 @@ exactly what it sets, not what the calling Snakemake process happened to have.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import sys
@@ -20,7 +21,7 @@ from stagedyolo.engine.amp import AMP_MIN_STEPS
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
-from stagedyolo.probe.steady import time_steady
+from stagedyolo.probe.steady import MeasuringBudget, time_steady
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -32,12 +33,18 @@ LOADER_AMPLE_FACTOR = 3
 PREFETCH_PER_WORKER = 2
 # Untimed model steps before timing: allocator, cuDNN autotuning (benchmark mode), lazy initialisation.
 MODEL_WARMUP_STEPS = 2
+# Imported by yolov5.utils.plots at module level for plots the probe never draws: loaded on first use instead
+# (the child's imports took a median 6.7 s instead of 8.2 s, six alternating runs on the 2-core demo machine).
+DEFERRED_IMPORTS = ("seaborn",)
+# Seconds kept after the child's deadline for the rule to write tuning.json.
+WRITE_RESERVE_S = 0.3
 
 
 def main(request_path: str) -> int:
     started = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
     compat.install()
+    sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
     import torch
 
@@ -57,23 +64,13 @@ def main(request_path: str) -> int:
     torch.set_num_threads(min(request["thread_counts"]))
     measure_model(model, {**request, "min_steps": 1, "max_seconds": 0}, 1, False, device)
 
-    model_runs, loader_runs = [], []
-    if request["choose"]:
-        model_runs = [measure_model_run(model, request, run, device) for run in model_runs_for(request, cuda)]
-        fastest_model = max((r["images_per_s"] or 0 for r in model_runs), default=0)
-        loader_runs = [measure_loader_run(create_dataloader, request, run, stride, LOADER_AMPLE_FACTOR * fastest_model)
-                       for run in request["loader_runs"]]  # fmt: skip
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     bf16 = torch.cuda.is_bf16_supported() if cuda else None
-    decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=total)
-    stage_runs = [measure_stage_run(create_dataloader, model, request, group, stride, device)
-                  for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16)]  # fmt: skip
+    measured = measure_all(request, model, create_dataloader, stride, device, cuda=cuda, bf16_supported=bf16,
+                           gpu_total_memory_bytes=total)  # fmt: skip
     result = {
         "cuda": cuda,
-        **decision,
-        "loader": loader_runs,
-        "model": model_runs,
-        "stage_runs": stage_runs,
+        **measured,
         "import_s": round(import_s, 3),
         "child_s": round(time.perf_counter() - started, 3),
         "torch": torch.__version__,
@@ -84,6 +81,53 @@ def main(request_path: str) -> int:
     }
     Path(request["out"]).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def measure_all(request: dict, model, create_dataloader, stride: int, device, *, cuda: bool,
+                bf16_supported: bool | None, gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
+    """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
+    runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
+    chosen settings."""
+    model_plan = model_runs_for(request, cuda) if request["choose"] else []
+    loader_plan = request["loader_runs"] if request["choose"] else []
+    planned_runs = len(model_plan) + len(loader_plan) + len(stage_groups(request, {}, cuda, bf16_supported))
+    budget = MeasuringBudget(_deadline(request), planned_runs)
+    model_runs = [measure_model_run(model, request, run, device, budget.next_deadline()) for run in model_plan]
+    ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
+    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline())
+                   for run in loader_plan]  # fmt: skip
+    decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
+    groups = stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported)
+    stage_runs = [measure_stage_run(create_dataloader, model, request, group, stride, device, budget.next_deadline())
+                  for group in groups]  # fmt: skip
+    return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs}
+
+
+class DeferredImports:
+    """A meta path finder that gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is
+    executed on its first attribute access instead of when imported. Installed before yolov5 is imported, it acts
+    only once yolov5 imports them, after torch and torchvision have registered their operators (which inspect
+    every loaded module, and would execute a lazy one)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        self.names.discard(name)  # once: the lookup below must reach the real finders, not this one
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+def _deadline(request: dict) -> float | None:
+    """The request's deadline (wall clock, set by the rule from probe.budget_s) on this process's perf_counter."""
+    if request.get("deadline_unix") is None:
+        return None
+    return time.perf_counter() + request["deadline_unix"] - WRITE_RESERVE_S - time.time()
 
 
 def model_runs_for(request: dict, cuda: bool) -> list[dict]:
@@ -97,21 +141,23 @@ def model_runs_for(request: dict, cuda: bool) -> list[dict]:
             for b in request["batches"] for a in amps for t in thread_counts]  # fmt: skip
 
 
-def measure_model_run(model, request: dict, run: dict, device) -> dict:
+def measure_model_run(model, request: dict, run: dict, device, deadline: float | None) -> dict:
     import torch
 
     torch.set_num_threads(run["torch_threads"])
-    measured = measure_model(model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device)
+    measured = measure_model(model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device,
+                             deadline)  # fmt: skip
     print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
           f"{measured.get('images_per_s')} images/s", flush=True)  # fmt: skip
     return {**run, **measured}
 
 
-def measure_loader_run(create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float) -> dict:
+def measure_loader_run(create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float,
+                       deadline: float | None) -> dict:  # fmt: skip
     import torch
 
     torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
-    measured = measure_loader(create_dataloader, request, run["workers"], stride, ample_images_per_s)
+    measured = measure_loader(create_dataloader, request, run["workers"], stride, ample_images_per_s, deadline)
     print(f"probe: loader workers={run['workers']}: {measured['images_per_s']} images/s", flush=True)
     return {**run, **measured}
 
@@ -144,7 +190,8 @@ def build_model(request: dict, device):
     return model
 
 
-def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0) -> dict:
+def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0,
+                   deadline: float | None = None) -> dict:  # fmt: skip
     """Steady images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
     Warm-up: worker start-up and the batches the workers queued meanwhile (PREFETCH_PER_WORKER each, which arrive
     at once). The run may end early once the loader clearly outpaces the model (LOADER_AMPLE_FACTOR)."""
@@ -155,7 +202,7 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     batches = _endless(loader)
     measured = time_steady(lambda: next(batches)[0].shape[0], warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
                            min_steps=request["min_steps"], stable_within=request["stable_within"],
-                           max_seconds=request["max_seconds"],
+                           max_seconds=request["max_seconds"], deadline=deadline,
                            enough=lambda images, seconds: ample_images_per_s > 0 and images / seconds >= ample_images_per_s)
     effective = loader.num_workers  # yolov5 caps workers at min(cpu_count, batch, workers)
     _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
@@ -164,7 +211,7 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     return {"workers_effective": effective, "batch": request["loader_batch"], **measured}
 
 
-def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
+def measure_model(model, request: dict, batch: int, amp: bool, device, deadline: float | None = None) -> dict:
     """Steady images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches.
     Warm-up: two steps (allocator, cuDNN autotuning, lazy initialisation)."""
     import torch
@@ -195,7 +242,8 @@ def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     try:
         measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS, min_steps=request["min_steps"],
-                               stable_within=request["stable_within"], max_seconds=request["max_seconds"])  # fmt: skip
+                               stable_within=request["stable_within"], max_seconds=request["max_seconds"],
+                               deadline=deadline)  # fmt: skip
     except torch.cuda.OutOfMemoryError as error:
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
@@ -209,7 +257,8 @@ def measure_model(model, request: dict, batch: int, amp: bool, device) -> dict:
     }
 
 
-def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device) -> dict:
+def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device,
+                      deadline: float | None) -> dict:  # fmt: skip
     """One stage's steady images/s, end to end: yolov5's loader with the workers the stage will run, feeding
     training steps at the stage's image size, freeze, batch, AMP and nominal batch (accumulation, EMA), in one
     process with the torch threads the stage gets. This is the prediction the stage's timing.json is compared with.
@@ -251,7 +300,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
 
     measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS + PREFETCH_PER_WORKER * loader.num_workers,
                            min_steps=request["min_steps"], stable_within=request["stable_within"],
-                           max_seconds=request["max_seconds"])  # fmt: skip
+                           max_seconds=request["max_seconds"], deadline=deadline)  # fmt: skip
     _stop_workers(loader)
     del batches, loader, ema
     optimizer.zero_grad(set_to_none=True)

@@ -22,16 +22,17 @@ from stagedyolo.envcheck import package_version
 from stagedyolo.jsonio import read_json, write_json
 
 # Bump when the probe measures differently: results of an older probe are not reused.
-PROBE_VERSION = 2
-# Request keys that name this run's files (they differ between runs of the same thing): replaced by fingerprints.
-RUN_PATHS = ("data_list", "image_store", "weights", "out")
+PROBE_VERSION = 3
+# Request keys that differ between runs of the same thing: this run's files (replaced by fingerprints) and its
+# deadline (the budget itself is in the key).
+PER_RUN_KEYS = ("data_list", "image_store", "weights", "out", "deadline_unix")
 
 
 def reuse_key(request: dict, weights: list[str]) -> str:
     parts = {
         "probe_version": PROBE_VERSION,
         "machine": machine_identity(),
-        "request": {k: v for k, v in request.items() if k not in RUN_PATHS},
+        "request": {k: v for k, v in request.items() if k not in PER_RUN_KEYS},
         "store": bool(request.get("image_store")),
         "images": _images_fingerprint(Path(request["data_list"])),
         "weights": _file_digest(Path(weights[0])) if weights else None,

@@ -21,6 +21,7 @@ from stagedyolo.probe.child import MODEL_WARMUP_STEPS
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
 from stagedyolo.probe.stages import predictions
+from stagedyolo.probe.steady import MIN_TIMED_STEPS
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
 # (label scan, a RAM cache) costs a second, not minutes, on a large dataset.
@@ -44,7 +45,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
         tuning = {"choice": {}, "candidates": [], "stages": {}, "notes": ["probe disabled: stages keep their defaults"]}
         write_json(tuning_out, tuning)
         return tuning
-    started = time.perf_counter()
+    started, started_unix = time.perf_counter(), time.time()
     work = tuning_out.parent / "probe_work"
     work.mkdir(exist_ok=True)
     decision = read_json(cache_decision)
@@ -52,6 +53,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
                            work=work, batches=batches, stages=stages,
                            image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+    request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
     tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
     tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
     write_json(tuning_out, tuning)
@@ -112,6 +114,7 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         "min_steps": int(settings["min_steps"]),
         "stable_within": float(settings["stable_within"]),
         "max_seconds": float(settings["seconds_per_candidate"]),
+        "budget_s": float(settings["budget_s"]),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
         "stages": {name: _stage_request(spec) for name, spec in stages.items()},
         "threads": int(threads),
@@ -158,7 +161,7 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
     with open(log_path, "a") as log:
         log.write(f"probe: measuring {len(request['stages'])} stages' loops"
                   + (f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
-                     if request["choose"] else "") + f": at most {planned:.0f} s plus imports and warm-ups\n")
+                     if request["choose"] else "") + f" within a budget of {request['budget_s']:.0f} s\n")
         log.flush()
         argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
         # Like a stage's worker: its own session, its loader workers ended with it, a hung child stopped.
@@ -173,10 +176,10 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
 
 
 def planned_seconds(request: dict) -> float:
-    """The measuring time at most (the runs' caps), without imports and warm-ups."""
+    """The measuring time at most: the runs' caps, or the budget if that is less (imports and warm-ups aside)."""
     model_runs = len(request["batches"]) * len(request["thread_counts"]) * 2 if request["choose"] else 0
     loader_runs = len(request["loader_runs"]) if request["choose"] else 0
-    return (model_runs + loader_runs + len(request["stages"])) * request["max_seconds"]
+    return min((model_runs + loader_runs + len(request["stages"])) * request["max_seconds"], request["budget_s"])
 
 
 def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
@@ -191,6 +194,9 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps) and "
         f"is timed for at least {request['min_steps']} steps, until its halves agree within "
         f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
+        f"budget: {request['budget_s']:g} s for the whole probe, imports included; each run gets an equal share of what "
+        f"is left when it starts, and one whose share runs out ends with the steps it timed (cut_by_budget, at "
+        f"least {MIN_TIMED_STEPS})",
         f"AMP: {measured['amp_verdict']['reason']}",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
@@ -216,6 +222,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "torch": measured["torch"], "load_average_before": load[0][0], "load_average_after": load[1][0],
         },  # fmt: skip
         "budget_s": {
+            "budget_s": request["budget_s"],
             "seconds_per_candidate": settings["seconds_per_candidate"],
             "planned_measuring_s": round(planned_seconds(request), 3),
             "import_s": measured["import_s"],

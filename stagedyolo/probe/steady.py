@@ -5,12 +5,35 @@ The H200 run showed what short windows do: loader runs of 4-12 batches (1.3-2.9 
 steady state a stage runs in for hours. So a measurement here first runs untimed warm-up steps, then times step by
 step until the latest ``min_steps`` steps are steady (their first and second half agree within ``stable_within``),
 or its ``max_seconds`` run out (then it is flagged ``stable: false``).
+
+The probe as a whole has a time budget (``probe.budget_s``): ``MeasuringBudget`` gives each measurement an equal
+share of what is left, and a measurement whose share runs out ends with the steps it has timed (``cut_by_budget``).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Callable
+
+# A measurement cut short by the budget still times this many steps: two halves to compare, one step each.
+MIN_TIMED_STEPS = 2
+
+
+class MeasuringBudget:
+    """Shares the seconds until ``deadline`` among the measurements still to run: each gets an equal part of what
+    is left when it starts, so one that ends early (stable, or a loader that is plainly fast enough) leaves its
+    unused time to the later ones."""
+
+    def __init__(self, deadline: float | None, runs: int, clock: Callable[[], float] = time.perf_counter):
+        self.deadline, self.runs_left, self.clock = deadline, max(runs, 1), clock
+
+    def next_deadline(self) -> float | None:
+        """The deadline of the measurement about to start (None: no budget)."""
+        if self.deadline is None:
+            return None
+        share = max(self.deadline - self.clock(), 0.0) / max(self.runs_left, 1)
+        self.runs_left -= 1
+        return self.clock() + share
 
 
 def halves_agree(durations: list[float], images: list[int], stable_within: float) -> tuple[bool, list[float]]:
@@ -26,7 +49,7 @@ def halves_agree(durations: list[float], images: list[int], stable_within: float
 
 def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, stable_within: float,
                 max_seconds: float, enough: Callable[[int, float], bool] | None = None,
-                clock: Callable[[], float] = time.perf_counter) -> dict:  # fmt: skip
+                deadline: float | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:  # fmt: skip
     """Time ``step`` (returns the images it processed) in its steady state.
 
     After ``warmup_steps`` untimed steps, steps are timed one by one; the measurement is the latest ``min_steps``
@@ -34,6 +57,8 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
     (a queue draining, clocks ramping) and count as warm-up too (``settling_steps``). ``enough(images, seconds)``
     may end a run early once its answer cannot matter (a loader far faster than the model cannot be the
     bottleneck). ``max_seconds`` bounds the timed part; then the latest window is reported with ``stable: false``.
+    ``deadline`` (a ``clock()`` time, from MeasuringBudget) ends the timed part once MIN_TIMED_STEPS are timed,
+    with ``cut_by_budget``; the warm-up always runs in full, since a figure that includes it is not the steady one.
     """
     started = clock()
     for _ in range(warmup_steps):
@@ -41,7 +66,7 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
     warmup_s = clock() - started
     durations: list[float] = []
     images: list[int] = []
-    stable, rates, stopped_early = False, [], False
+    stable, rates, stopped_early, cut_by_budget = False, [], False, False
     while True:
         t0 = clock()
         images.append(step())
@@ -55,6 +80,10 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
                 stopped_early = True
                 break
         if sum(durations) >= max_seconds:
+            break
+        if deadline is not None and clock() >= deadline and len(durations) >= MIN_TIMED_STEPS:
+            stable, rates = halves_agree(durations[window], images[window], stable_within)
+            cut_by_budget = True
             break
     timed, counted = durations[window], images[window]
     seconds = sum(timed)
@@ -70,4 +99,5 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
         "stable": stable,  # the window's two halves agreed within stable_within
         "half_rates": rates,
         "stopped_early": stopped_early,
+        "cut_by_budget": cut_by_budget,
     }
