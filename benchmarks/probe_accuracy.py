@@ -6,9 +6,9 @@ Each repeat runs the demo pipeline up to the last stage's timing.json with the p
 (`probe.reuse: false`, `--forcerun probe`, so every stage reruns after it) at the first of `--budgets` (its
 `probe.budget_s`); the first repeat also builds the demo data and weights. Then the probe alone runs again at each
 other budget (15 s: issue 12's target and the default), and its predictions are compared with the same stages'
-measurements, if it made the same choice (otherwise the stages would have run with other settings). Per stage: each probe's prediction, the stage's measured
-steady images/s (epochs after the first) and their ratio; per probe run its rule seconds (imports included), its
-import seconds, its runs cut by the budget, and the load average.
+measurements, if it made the same choice (otherwise the stages would have run with other settings). Per stage:
+each probe's prediction, the stage's measured steady images/s (epochs after the first) and their ratio; per probe
+run its rule seconds (imports included), its import seconds, its runs cut by the budget, and the load average.
 
 Targets, fixed before the first run (issue 12's acceptance): every stage with a steady epoch within +-25 % of its
 prediction; the probe rule at most 15 s. Both are reported for both budgets, whether met or not.
@@ -63,9 +63,9 @@ def arm(tuning: dict, measured: dict, load: dict, comparable: bool = True) -> di
     for stage in STAGES:
         predicted = tuning["stages"][stage]["predicted_images_per_s"]
         steady = measured[stage]["measured_steady_images_per_s"] if measured[stage]["ratio"] is not None else None
+        ratio = round(steady / predicted, 3) if comparable and steady and predicted else None
         stages[stage] = {"predicted_images_per_s": predicted, "predicted_from_steps": tuning["stages"][stage]["steps"],
-                         "measured_steady_images_per_s": steady,
-                         "ratio": round(steady / predicted, 3) if comparable and steady and predicted else None}  # fmt: skip
+                         "measured_steady_images_per_s": steady, "ratio": ratio}  # fmt: skip
     return {"budget_s": tuning["budget_s"]["budget_s"], "probe_rule_s": tuning["budget_s"]["rule_s"],
             "probe_import_s": tuning["budget_s"]["import_s"], "choice": tuning["choice"], "comparable": comparable,
             "runs_cut_by_budget": sum(bool(r.get("cut_by_budget")) for r in runs), "runs": len(runs),
@@ -107,7 +107,8 @@ def markdown(result: dict) -> list[str]:
     for name, summary in result["summary"].items():
         p = summary["probe_rule_s"]
         lines += ["", f"## probe.budget_s = {', '.join(f'{b:g}' for b in summary['budget_s'])} s", "",
-                  "| stage | ratios (measured / predicted) | median | within ±25 % |", "|---|---|---:|---|"]  # fmt: skip
+                  "| stage | ratios (measured / predicted) | median | within ±25 % |",
+                  "|---|---|---:|---|"]  # fmt: skip
         for stage, st in summary["stages"].items():
             lines.append(f"| {stage} | {', '.join(f'{x:.2f}' for x in st['ratios']) or 'no steady epoch'} | "
                          f"{st['median'] if st['median'] is not None else '—'} | {st['all_within']} |")  # fmt: skip

@@ -203,7 +203,7 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     measured = time_steady(lambda: next(batches)[0].shape[0], warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
                            min_steps=request["min_steps"], stable_within=request["stable_within"],
                            max_seconds=request["max_seconds"], deadline=deadline,
-                           enough=lambda images, seconds: ample_images_per_s > 0 and images / seconds >= ample_images_per_s)
+                           enough=lambda images, seconds: 0 < ample_images_per_s <= images / seconds)
     effective = loader.num_workers  # yolov5 caps workers at min(cpu_count, batch, workers)
     _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
     del batches, loader
@@ -305,8 +305,9 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     del batches, loader, ema
     optimizer.zero_grad(set_to_none=True)
     gc.collect()
-    print(f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, batch "
-          f"{group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s", flush=True)  # fmt: skip
+    print(f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, "
+          f"batch {group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s",
+          flush=True)  # fmt: skip
     return {**{k: v for k, v in group.items() if k != "hyp"}, **measured}
 
 

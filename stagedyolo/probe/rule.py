@@ -194,9 +194,9 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps) and "
         f"is timed for at least {request['min_steps']} steps, until its halves agree within "
         f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
-        f"budget: {request['budget_s']:g} s for the whole probe, imports included; each run gets an equal share of what "
-        f"is left when it starts, and one whose share runs out ends with the steps it timed (cut_by_budget, at "
-        f"least {MIN_TIMED_STEPS})",
+        f"budget: {request['budget_s']:g} s for the whole probe, imports included; each run gets an equal share of "
+        f"what is left when it starts, and one whose share runs out ends with the steps it timed (cut_by_budget, "
+        f"at least {MIN_TIMED_STEPS})",
         f"AMP: {measured['amp_verdict']['reason']}",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
