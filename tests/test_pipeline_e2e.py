@@ -67,6 +67,8 @@ def test_every_stage_reports_the_probes_prediction_beside_its_measured_steady_ra
     _, run, _ = tiny_run
     tuning = json.loads((run / "probe" / "tuning.json").read_text())
     assert set(tuning["stages"]) == set(STAGES)
+    request = json.loads((run / "probe" / "probe_work" / "request.json").read_text())
+    assert request["planned_train_images"] == (1 + 2 + 2 + 1) * 32  # every stage's epochs x the training images
     # smoke and finetune train alike (64 px, nothing frozen), frozen and highres differ: three loops were measured
     assert sorted(sorted(group["stages"]) for group in tuning["measurements"]["stages"]) == [
         ["finetune", "smoke"], ["frozen"], ["highres"]]  # fmt: skip

@@ -98,7 +98,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
     run = dict(cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out), settings=settings,
                stage_defaults=config["stage_defaults"], cfg="yolov5n.yaml", device="cpu", img=64, threads=2,
-               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config))
+               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config), planned_epochs=3)
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -108,6 +108,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     every_run = loader_runs + model_runs + tuning["measurements"]["stages"]
     assert all(r["steps"] == MIN_TIMED_STEPS and r["cut_by_budget"] for r in every_run)
     assert tuning["budget_s"]["budget_s"] == 0.5 and any("budget" in note for note in tuning["notes"])
+    assert tuning["budget_s"]["allowed_s"] == 0.5  # 3 epochs of 16 images: 5 % of that is far less than 0.5 s
     # On 2 cores: 0 workers leave compute 2 threads, 1 worker leaves 1; every batch is timed at both.
     assert sorted((r["batch"], r["torch_threads"]) for r in model_runs) == [(2, 1), (2, 2), (4, 1), (4, 2)]
     assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
@@ -143,6 +144,8 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     assert reuse_key({**request, "threads": 1}, []) != key
     assert reuse_key({**request, "budget_s": 30}, []) != key  # a budget changes how long each run is timed
     assert reuse_key({**request, "deadline_unix": request["deadline_unix"] + 60}, []) == key  # a later run's deadline
+    assert request["planned_train_images"] == 3 * 16  # planned epochs x training images: more epochs, same key
+    assert reuse_key({**request, "planned_train_images": 10**6}, []) == key
     first_image = Path(Path(request["data_list"]).read_text().split()[0])
     first_image.write_bytes(first_image.read_bytes() + b"\0")  # this test's own image: a changed file
     assert reuse_key(request, []) != key

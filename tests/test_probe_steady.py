@@ -81,3 +81,14 @@ def test_the_budget_gives_each_measurement_an_equal_share_of_what_is_left():
     now[0] = 13.0  # past the deadline: a run gets no timed share (time_steady still times MIN_TIMED_STEPS)
     assert budget.next_deadline() == 13.0
     assert MeasuringBudget(deadline=None, runs=3).next_deadline() is None
+
+
+def test_the_budget_grows_to_a_share_of_the_planned_training_never_shrinks():
+    now = [0.0]
+    budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, clock=lambda: now[0])
+    budget.allow_training_share(planned_train_images=1000, images_per_s=100.0)  # 10 s of training: 0.5 s share
+    assert budget.deadline == 15.0
+    budget.allow_training_share(planned_train_images=3_600_000, images_per_s=1000.0)  # an hour: 180 s
+    assert budget.deadline == 180.0 and budget.next_deadline() == 45.0
+    budget.allow_training_share(planned_train_images=0, images_per_s=1000.0)  # nothing planned: unchanged
+    assert budget.deadline == 180.0

@@ -151,6 +151,13 @@ def probe_stage_specs(config: dict) -> dict:
     return {stage: {key: stage_spec(config, stage)[key] for key in SPEED_KEYS} for stage in stage_names(config)}
 
 
+def planned_epochs(config: dict) -> int:
+    """All stages' epochs together: with the training image count, the probe's estimate of the planned training,
+    whose share may lengthen its budget. Read by the probe's script from the config, not passed as a rule param, so
+    that changing epochs does not rerun the probe (and with it every stage)."""
+    return sum(int(stage_spec(config, stage)["epochs"]) for stage in stage_names(config))
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

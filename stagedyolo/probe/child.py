@@ -91,16 +91,22 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
     planned_runs = len(model_plan) + len(loader_plan) + len(stage_groups(request, {}, cuda, bf16_supported))
-    budget = MeasuringBudget(_deadline(request), planned_runs)
+    budget = MeasuringBudget(_deadline(request), planned_runs, request["budget_s"])
+    planned_images = request.get("planned_train_images") or 0
     model_runs = [measure_model_run(model, request, run, device, budget.next_deadline()) for run in model_plan]
-    ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
-    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline())
-                   for run in loader_plan]  # fmt: skip
+    fastest = max((run["images_per_s"] or 0 for run in model_runs), default=0)
+    budget.allow_training_share(planned_images, fastest)
+    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, LOADER_AMPLE_FACTOR * fastest,
+                                      budget.next_deadline()) for run in loader_plan]  # fmt: skip
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
-    groups = stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported)
-    stage_runs = [measure_stage_run(create_dataloader, model, request, group, stride, device, budget.next_deadline())
-                  for group in groups]  # fmt: skip
-    return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs}
+    stage_runs = []
+    for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
+        stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device,
+                                            budget.next_deadline()))  # fmt: skip
+        fastest = max(fastest, stage_runs[-1]["images_per_s"] or 0)
+        budget.allow_training_share(planned_images, fastest)  # without model runs, the first real rate
+    return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
+            "budget_allowed_s": None if budget.deadline is None else round(budget.deadline - budget.started, 3)}
 
 
 class DeferredImports:

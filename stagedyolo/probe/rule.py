@@ -21,7 +21,7 @@ from stagedyolo.probe.child import MODEL_WARMUP_STEPS
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
 from stagedyolo.probe.stages import predictions
-from stagedyolo.probe.steady import MIN_TIMED_STEPS
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, TRAINING_SHARE
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
 # (label scan, a RAM cache) costs a second, not minutes, on a large dataset.
@@ -32,11 +32,14 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   batches: list[int] | None = None, stages: dict | None = None) -> dict:  # fmt: skip
+                   batches: list[int] | None = None, stages: dict | None = None,
+                   planned_epochs: int | None = None) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
     take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
-    probe predicts. With ``settings["reuse"]`` measurements are kept in <results_dir>/probe_cache (derived from
+    probe predicts. ``planned_epochs`` (all stages together, plan.planned_epochs) lets the budget grow to
+    TRAINING_SHARE of the planned training. With ``settings["reuse"]`` measurements are kept in
+    <results_dir>/probe_cache (derived from
     `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix applies) for later runs on the same machine,
     data, model and settings."""
     tuning_out = Path(tuning_out)
@@ -51,7 +54,7 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     decision = read_json(cache_decision)
     request = plan_request(data, cache_mode=decision["mode"], weights=weights, settings=settings,
                            stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
-                           work=work, batches=batches, stages=stages,
+                           work=work, batches=batches, stages=stages, planned_epochs=planned_epochs,
                            image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
     request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
     tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
@@ -88,7 +91,8 @@ def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threa
 
 def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: dict, stage_defaults: dict, cfg: str,
                  device: str, img: int, threads: int, work: Path, batches: list[int] | None = None,
-                 stages: dict | None = None, image_store: str | None = None) -> dict:  # fmt: skip
+                 stages: dict | None = None, image_store: str | None = None,
+                 planned_epochs: int | None = None) -> dict:  # fmt: skip
     """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
     it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
     child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
@@ -99,8 +103,10 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     hyp_defaults = stage_defaults.get("hyp") or {}
     stages = stages or {}
+    data_list, train_images = write_subset(data_yaml, Path(data), work / "train_subset.txt")
     return {
-        "data_list": str(write_subset(data_yaml, Path(data), work / "train_subset.txt")),
+        "data_list": str(data_list),
+        "planned_train_images": (planned_epochs or 0) * train_images,  # the budget's TRAINING_SHARE
         "cache": None if cache_mode == "none" else cache_mode,
         "image_store": image_store if cache_mode == "ram" else None,
         "hyp": stage_hyp(stage_defaults["lr0"], hyp_defaults),
@@ -138,9 +144,9 @@ def _stage_request(spec: dict) -> dict:
     }
 
 
-def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> Path:
+def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> tuple[Path, int]:
     """A list file of up to SUBSET_IMAGES training images (a fixed random sample), outside the dataset, so yolov5's
-    label cache for it lands next to the list and never in the user's data."""
+    label cache for it lands next to the list and never in the user's data; and how many training images there are."""
     root = Path(data_yaml.get("path") or data_path.parent)
     sources = data_yaml["train"] if isinstance(data_yaml["train"], list) else [data_yaml["train"]]
     images, _ignored = list_split_images([str(s if Path(s).is_absolute() else root / s) for s in sources])
@@ -148,7 +154,7 @@ def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> Path:
         raise ValueError(f"probe: no training images found for {data_path}")
     sample = sorted(random.Random(0).sample(images, min(SUBSET_IMAGES, len(images))))
     list_path.write_text("\n".join(sample) + "\n")
-    return list_path
+    return list_path, len(images)
 
 
 def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) -> dict:
@@ -176,10 +182,10 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
 
 
 def planned_seconds(request: dict) -> float:
-    """The measuring time at most: the runs' caps, or the budget if that is less (imports and warm-ups aside)."""
+    """The timed measuring at most (the runs' caps), without imports and warm-ups; the budget may end it sooner."""
     model_runs = len(request["batches"]) * len(request["thread_counts"]) * 2 if request["choose"] else 0
     loader_runs = len(request["loader_runs"]) if request["choose"] else 0
-    return min((model_runs + loader_runs + len(request["stages"])) * request["max_seconds"], request["budget_s"])
+    return (model_runs + loader_runs + len(request["stages"])) * request["max_seconds"]
 
 
 def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
@@ -194,9 +200,10 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps) and "
         f"is timed for at least {request['min_steps']} steps, until its halves agree within "
         f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
-        f"budget: {request['budget_s']:g} s for the whole probe, imports included; each run gets an equal share of "
-        f"what is left when it starts, and one whose share runs out ends with the steps it timed (cut_by_budget, "
-        f"at least {MIN_TIMED_STEPS})",
+        f"budget: {request['budget_s']:g} s for the whole probe, imports included, or {TRAINING_SHARE:.0%} of the "
+        f"planned training ({request['planned_train_images']} images at the fastest rate measured) if longer; each "
+        f"run gets an equal share of what is left when it starts, and one whose share runs out ends with the steps "
+        f"it timed (cut_by_budget, at least {MIN_TIMED_STEPS})",
         f"AMP: {measured['amp_verdict']['reason']}",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
@@ -223,6 +230,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         },  # fmt: skip
         "budget_s": {
             "budget_s": request["budget_s"],
+            "allowed_s": measured.get("budget_allowed_s"),  # budget_s, or TRAINING_SHARE of the training if longer
             "seconds_per_candidate": settings["seconds_per_candidate"],
             "planned_measuring_s": round(planned_seconds(request), 3),
             "import_s": measured["import_s"],

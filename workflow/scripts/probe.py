@@ -1,3 +1,4 @@
+from stagedyolo.engine.plan import planned_epochs
 from stagedyolo.probe import probe_for_rule
 
 probe_for_rule(
@@ -14,4 +15,5 @@ probe_for_rule(
     img=snakemake.params.img,
     threads=snakemake.threads,
     log_path=snakemake.log[0],
+    planned_epochs=planned_epochs(snakemake.config),
 )
