@@ -83,12 +83,18 @@ def test_the_budget_gives_each_measurement_an_equal_share_of_what_is_left():
     assert MeasuringBudget(deadline=None, runs=3).next_deadline() is None
 
 
-def test_the_budget_grows_to_a_share_of_the_planned_training_never_shrinks():
+def test_the_budget_grows_to_a_share_of_the_planned_training_at_the_fastest_rate_and_never_shrinks():
     now = [0.0]
-    budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, clock=lambda: now[0])
-    budget.allow_training_share(planned_train_images=1000, images_per_s=100.0)  # 10 s of training: 0.5 s share
+    short = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=1000, clock=lambda: now[0])
+    short.note_rate(100.0)  # 10 s of training: a 0.5 s share, less than the 15 s
+    assert short.deadline == 15.0
+    budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=3_600_000,
+                             clock=lambda: now[0])  # fmt: skip
+    budget.note_rate(None)  # a failed run: no rate, no change
     assert budget.deadline == 15.0
-    budget.allow_training_share(planned_train_images=3_600_000, images_per_s=1000.0)  # an hour: 180 s
+    budget.note_rate(1000.0)  # an hour of training: 180 s
     assert budget.deadline == 180.0 and budget.next_deadline() == 45.0
-    budget.allow_training_share(planned_train_images=0, images_per_s=1000.0)  # nothing planned: unchanged
+    budget.note_rate(500.0)  # a slower run does not make the training look longer
+    assert budget.deadline == 180.0
+    budget.note_rate(2000.0)  # a faster one makes it shorter, but the budget never shrinks
     assert budget.deadline == 180.0

@@ -91,20 +91,20 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
     planned_runs = len(model_plan) + len(loader_plan) + len(stage_groups(request, {}, cuda, bf16_supported))
-    budget = MeasuringBudget(_deadline(request), planned_runs, request["budget_s"])
-    planned_images = request.get("planned_train_images") or 0
-    model_runs = [measure_model_run(model, request, run, device, budget.next_deadline()) for run in model_plan]
-    fastest = max((run["images_per_s"] or 0 for run in model_runs), default=0)
-    budget.allow_training_share(planned_images, fastest)
-    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, LOADER_AMPLE_FACTOR * fastest,
-                                      budget.next_deadline()) for run in loader_plan]  # fmt: skip
+    budget = MeasuringBudget(_deadline(request), planned_runs, request["budget_s"],
+                             request.get("planned_train_images") or 0)  # fmt: skip
+    model_runs, stage_runs = [], []
+    for run in model_plan:
+        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline()))
+        budget.note_rate(model_runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
+    ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
+    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline())
+                   for run in loader_plan]  # fmt: skip
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
-    stage_runs = []
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
         stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device,
                                             budget.next_deadline()))  # fmt: skip
-        fastest = max(fastest, stage_runs[-1]["images_per_s"] or 0)
-        budget.allow_training_share(planned_images, fastest)  # without model runs, the first real rate
+        budget.note_rate(stage_runs[-1]["images_per_s"])
     return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
             "budget_allowed_s": None if budget.deadline is None else round(budget.deadline - budget.started, 3)}
 

@@ -26,19 +26,22 @@ TRAINING_SHARE = 0.05
 class MeasuringBudget:
     """Shares the seconds until ``deadline`` among the measurements still to run: each gets an equal part of what
     is left when it starts, so one that ends early (stable, or a loader that is plainly fast enough) leaves its
-    unused time to the later ones. ``budget_s``: the seconds the deadline allows from the probe's start;
-    ``allow`` lengthens them."""
+    unused time to the later ones. ``budget_s``: the seconds the deadline allows from the probe's start, which
+    ``note_rate`` lengthens to TRAINING_SHARE of the planned training (``planned_train_images``) when that is longer.
+    """
 
-    def __init__(self, deadline: float | None, runs: int, budget_s: float = 0.0,
+    def __init__(self, deadline: float | None, runs: int, budget_s: float = 0.0, planned_train_images: int = 0,
                  clock: Callable[[], float] = time.perf_counter):  # fmt: skip
         self.deadline, self.runs_left, self.clock = deadline, max(runs, 1), clock
         self.started = None if deadline is None else deadline - budget_s
+        self.planned_train_images, self.fastest = planned_train_images, 0.0
 
-    def allow_training_share(self, planned_train_images: int, images_per_s: float) -> None:
-        """Lengthen the budget to TRAINING_SHARE of the planned training (images at ``images_per_s``, the
-        fastest rate measured so far: the training's time is not overestimated) when that is longer."""
-        if self.deadline is not None and planned_train_images > 0 and images_per_s > 0:
-            share_s = TRAINING_SHARE * planned_train_images / images_per_s
+    def note_rate(self, images_per_s: float | None) -> None:
+        """A training rate just measured. The planned training is timed at the fastest so far, so its length is
+        not overestimated."""
+        self.fastest = max(self.fastest, images_per_s or 0.0)
+        if self.deadline is not None and self.planned_train_images > 0 and self.fastest > 0:
+            share_s = TRAINING_SHARE * self.planned_train_images / self.fastest
             self.deadline = max(self.deadline, self.started + share_s)
 
     def next_deadline(self) -> float | None:
