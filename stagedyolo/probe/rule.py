@@ -39,9 +39,8 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
     probe predicts. ``planned_epochs`` (all stages together, plan.planned_epochs) lets the budget grow to
     TRAINING_SHARE of the planned training. With ``settings["reuse"]`` measurements are kept in
-    <results_dir>/probe_cache (derived from
-    `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix applies) for later runs on the same machine,
-    data, model and settings."""
+    <results_dir>/probe_cache (derived from `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix
+    applies) for later runs on the same machine, data, model and settings."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -146,7 +145,7 @@ def _stage_request(spec: dict) -> dict:
 
 def write_subset(data_yaml: dict, data_path: Path, list_path: Path) -> tuple[Path, int]:
     """A list file of up to SUBSET_IMAGES training images (a fixed random sample), outside the dataset, so yolov5's
-    label cache for it lands next to the list and never in the user's data; and how many training images there are."""
+    label cache for it lands next to the list and never in the user's data; and the number of training images."""
     root = Path(data_yaml.get("path") or data_path.parent)
     sources = data_yaml["train"] if isinstance(data_yaml["train"], list) else [data_yaml["train"]]
     images, _ignored = list_split_images([str(s if Path(s).is_absolute() else root / s) for s in sources])
