@@ -93,7 +93,7 @@ def test_the_budget_grows_to_a_share_of_the_planned_training_at_the_fastest_rate
     budget.note_rate(None)  # a failed run: no rate, no change
     assert budget.deadline == 15.0
     budget.note_rate(1000.0)  # an hour of training: 180 s
-    assert budget.deadline == 180.0 and budget.next_deadline() == 45.0
+    assert budget.deadline == 180.0 and budget.allowed_s == 180.0 and budget.next_deadline() == 45.0
     budget.note_rate(500.0)  # a slower run does not make the training look longer
     assert budget.deadline == 180.0
     budget.note_rate(2000.0)  # a faster one makes it shorter, but the budget never shrinks

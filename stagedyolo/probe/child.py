@@ -106,7 +106,7 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
                                             budget.next_deadline()))  # fmt: skip
         budget.note_rate(stage_runs[-1]["images_per_s"])
     return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
-            "budget_allowed_s": None if budget.deadline is None else round(budget.deadline - budget.started, 3)}
+            "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3)}
 
 
 class DeferredImports:

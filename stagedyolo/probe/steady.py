@@ -44,13 +44,19 @@ class MeasuringBudget:
             share_s = TRAINING_SHARE * self.planned_train_images / self.fastest
             self.deadline = max(self.deadline, self.started + share_s)
 
+    @property
+    def allowed_s(self) -> float | None:
+        """The seconds the budget allows from the probe's start, after any lengthening (None: no budget)."""
+        return None if self.deadline is None else self.deadline - self.started
+
     def next_deadline(self) -> float | None:
         """The deadline of the measurement about to start (None: no budget)."""
         if self.deadline is None:
             return None
-        share = max(self.deadline - self.clock(), 0.0) / max(self.runs_left, 1)
+        now = self.clock()
+        share = max(self.deadline - now, 0.0) / max(self.runs_left, 1)
         self.runs_left -= 1
-        return self.clock() + share
+        return now + share
 
 
 def halves_agree(durations: list[float], images: list[int], stable_within: float) -> tuple[bool, list[float]]:
