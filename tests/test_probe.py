@@ -10,7 +10,8 @@ import yaml
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
 from stagedyolo.engine.plan import probe_stage_specs
-from stagedyolo.probe.child import model_runs_for
+from stagedyolo.probe.child import (MODEL_WARMUP_STEPS, PREFETCH_PER_WORKER, SEEN_SHAPE_WARMUP_STEPS, WarmShapes,
+                                    model_runs_for)
 from stagedyolo.probe.reuse import reuse_key
 from stagedyolo.probe.steady import MIN_TIMED_STEPS
 
@@ -111,6 +112,11 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     assert tuning["budget_s"]["allowed_s"] == 0.5  # 3 epochs of 16 images: 5 % of that is far less than 0.5 s
     # On 2 cores: 0 workers leave compute 2 threads, 1 worker leaves 1; every batch is timed at both.
     assert sorted((r["batch"], r["torch_threads"]) for r in model_runs) == [(2, 1), (2, 2), (4, 1), (4, 2)]
+    # A step shape's first run warms up in full, later runs at it for one step (the stages all run shapes the
+    # model runs ran: image size 64, batch 2 or 4); loader workers add their prefetched batches.
+    assert [r["warmup_steps"] for r in model_runs] == [MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS] * 2
+    assert all(r["warmup_steps"] == SEEN_SHAPE_WARMUP_STEPS + PREFETCH_PER_WORKER * r["workers"]
+               for r in tuning["measurements"]["stages"])  # fmt: skip
     assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
     assert tuning["choice"] == choose(tuning["candidates"])
 
@@ -190,6 +196,15 @@ def test_on_cuda_the_choice_keeps_amp_on_unless_clearly_slower_and_says_why():
     slower = [{**r, "steps": 40} for r in runs]  # the same figures over 40 steps each: AMP is off, with the figures
     decision = decide(request, [loader(8, 5000.0, 8)], slower, cuda=True, gpu_total_memory_bytes=80 << 30)
     assert decision["choice"]["amp"] is False and "411.0 vs 591.0" in decision["choice"]["amp_reason"]
+
+
+def test_a_step_shape_warms_up_in_full_once_per_image_size_batch_and_autocast_dtype():
+    warm = WarmShapes()
+    assert warm.steps(640, 16, "float16") == MODEL_WARMUP_STEPS
+    assert warm.steps(640, 16, "float16") == SEEN_SHAPE_WARMUP_STEPS
+    assert warm.steps(640, 16, False) == MODEL_WARMUP_STEPS  # fp32: other kernels, tuned anew
+    assert warm.steps(640, 16, None) == SEEN_SHAPE_WARMUP_STEPS  # AMP off, however it is spelled
+    assert warm.steps(640, 32, False) == warm.steps(320, 16, False) == MODEL_WARMUP_STEPS
 
 
 def test_deferred_imports_run_a_module_on_its_first_use_not_on_import(tmp_path, monkeypatch):

@@ -70,6 +70,14 @@ def test_a_deadline_ends_the_timed_part_after_the_full_warm_up_and_says_so():
     assert result["cut_by_budget"] is False and result["stable"] is True and result["steps"] == 10
 
 
+def test_a_step_that_would_end_past_the_deadline_is_not_started():
+    steps = ScriptedSteps([1.0] * 100)
+    result = time_steady(steps.step, warmup_steps=0, min_steps=10, stable_within=0.0, max_seconds=60,
+                         deadline=3.5, clock=steps.clock)  # fmt: skip
+    # After three steps (3.0 s) a fourth would end at 4.0 s, past 3.5 s: the run ends within its budget.
+    assert result["steps"] == 3 and steps.now == 3.0 and result["cut_by_budget"] is True
+
+
 def test_the_budget_gives_each_measurement_an_equal_share_of_what_is_left():
     now = [0.0]
     budget = MeasuringBudget(deadline=12.0, runs=3, clock=lambda: now[0])

@@ -31,8 +31,11 @@ LOADER_AMPLE_FACTOR = 3
 # Batches each DataLoader worker queues ahead (PyTorch's prefetch_factor default): they arrive at once, so they
 # are warm-up, not steady state.
 PREFETCH_PER_WORKER = 2
-# Untimed model steps before timing: allocator, cuDNN autotuning (benchmark mode), lazy initialisation.
-MODEL_WARMUP_STEPS = 2
+# Untimed model steps before timing a step shape (image size, batch, autocast dtype) the process has not run yet:
+# allocator, cuDNN autotuning (benchmark mode, per shape and dtype), lazy initialisation. A shape it has already run
+# needs one untimed step (a new thread count, freeze or loader): on the 2-core demo machine the first step at such a
+# shape was 5-15 % slower than the steady ones, the second at their rate.
+MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
 # Imported by yolov5.utils.plots at module level for plots the probe never draws: loaded on first use instead
 # (the child's imports took a median 6.7 s instead of 8.2 s, six alternating runs on the 2-core demo machine).
 DEFERRED_IMPORTS = ("seaborn",)
@@ -63,6 +66,9 @@ def main(request_path: str) -> int:
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
     torch.set_num_threads(min(request["thread_counts"]))
     measure_model(model, {**request, "min_steps": 1, "max_seconds": 0}, 1, False, device)
+    # Everything so far lives until the end: the cyclic garbage collector need not scan it again. Each run's
+    # gc.collect() then took milliseconds instead of 0.17 s, and loader workers forked later share those pages.
+    gc.freeze()
 
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     bf16 = torch.cuda.is_bf16_supported() if cuda else None
@@ -93,20 +99,36 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
     planned_runs = len(model_plan) + len(loader_plan) + len(stage_groups(request, {}, cuda, bf16_supported))
     budget = MeasuringBudget(_deadline(request), planned_runs, request["budget_s"],
                              request.get("planned_train_images") or 0)  # fmt: skip
-    model_runs, stage_runs = [], []
+    model_runs, stage_runs, warm = [], [], WarmShapes()
     for run in model_plan:
-        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline()))
+        warmup_steps = warm.steps(request["img"], run["batch"], run["amp"] and cuda and "float16")
+        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warmup_steps))
         budget.note_rate(model_runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
     ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
     loader_runs = [measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline())
                    for run in loader_plan]  # fmt: skip
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
+        warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"])
         stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device,
-                                            budget.next_deadline()))  # fmt: skip
+                                            budget.next_deadline(), warmup_steps))  # fmt: skip
         budget.note_rate(stage_runs[-1]["images_per_s"])
     return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
             "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3)}
+
+
+class WarmShapes:
+    """The step shapes this process has run, and so how many untimed model steps a run at a shape needs."""
+
+    def __init__(self):
+        self.run: set[tuple] = set()
+
+    def steps(self, img: int, batch: int, autocast_dtype: str | bool | None) -> int:
+        shape = (img, batch, autocast_dtype or None)
+        if shape in self.run:
+            return SEEN_SHAPE_WARMUP_STEPS
+        self.run.add(shape)
+        return MODEL_WARMUP_STEPS
 
 
 class DeferredImports:
@@ -147,12 +169,13 @@ def model_runs_for(request: dict, cuda: bool) -> list[dict]:
             for b in request["batches"] for a in amps for t in thread_counts]  # fmt: skip
 
 
-def measure_model_run(model, request: dict, run: dict, device, deadline: float | None) -> dict:
+def measure_model_run(model, request: dict, run: dict, device, deadline: float | None,
+                      warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
     import torch
 
     torch.set_num_threads(run["torch_threads"])
     measured = measure_model(model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device,
-                             deadline)  # fmt: skip
+                             deadline, warmup_steps)  # fmt: skip
     print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
           f"{measured.get('images_per_s')} images/s", flush=True)  # fmt: skip
     return {**run, **measured}
@@ -217,9 +240,10 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     return {"workers_effective": effective, "batch": request["loader_batch"], **measured}
 
 
-def measure_model(model, request: dict, batch: int, amp: bool, device, deadline: float | None = None) -> dict:
-    """Steady images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches.
-    Warm-up: two steps (allocator, cuDNN autotuning, lazy initialisation)."""
+def measure_model(model, request: dict, batch: int, amp: bool, device, deadline: float | None = None,
+                  warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
+    """Steady images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches,
+    after ``warmup_steps`` untimed ones (WarmShapes)."""
     import torch
     from yolov5.utils.loss import ComputeLoss
 
@@ -247,7 +271,7 @@ def measure_model(model, request: dict, batch: int, amp: bool, device, deadline:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS, min_steps=request["min_steps"],
+        measured = time_steady(train_step, warmup_steps=warmup_steps, min_steps=request["min_steps"],
                                stable_within=request["stable_within"], max_seconds=request["max_seconds"],
                                deadline=deadline)  # fmt: skip
     except torch.cuda.OutOfMemoryError as error:
@@ -264,7 +288,7 @@ def measure_model(model, request: dict, batch: int, amp: bool, device, deadline:
 
 
 def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device,
-                      deadline: float | None) -> dict:  # fmt: skip
+                      deadline: float | None, warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
     """One stage's steady images/s, end to end: yolov5's loader with the workers the stage will run, feeding
     training steps at the stage's image size, freeze, batch, AMP and nominal batch (accumulation, EMA), in one
     process with the torch threads the stage gets. This is the prediction the stage's timing.json is compared with.
@@ -304,7 +328,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
             torch.cuda.synchronize(device)
         return imgs.shape[0]
 
-    measured = time_steady(train_step, warmup_steps=MODEL_WARMUP_STEPS + PREFETCH_PER_WORKER * loader.num_workers,
+    measured = time_steady(train_step, warmup_steps=warmup_steps + PREFETCH_PER_WORKER * loader.num_workers,
                            min_steps=request["min_steps"], stable_within=request["stable_within"],
                            max_seconds=request["max_seconds"], deadline=deadline)  # fmt: skip
     _stop_workers(loader)

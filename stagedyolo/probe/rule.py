@@ -17,7 +17,7 @@ from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, sta
 from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
-from stagedyolo.probe.child import MODEL_WARMUP_STEPS
+from stagedyolo.probe.child import MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
 from stagedyolo.probe.stages import predictions
@@ -196,7 +196,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "candidates for the auto settings: W=0 loads then computes (1/(1/loader+1/model)); W>0 overlaps them (min "
         "of both" + ("" if cuda else ", and cores/(W/loader + threads/model): workers and compute share cores") + ")",
         f"ties within {TIE_TOLERANCE:.0%} of the best go to the smaller batch",
-        f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps) and "
+        f"every run excludes its warm-up (worker start and prefetched batches, {MODEL_WARMUP_STEPS} model steps at a "
+        f"new step shape, {SEEN_SHAPE_WARMUP_STEPS} at one already run) and "
         f"is timed for at least {request['min_steps']} steps, until its halves agree within "
         f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
         f"budget: {request['budget_s']:g} s for the whole probe, imports included, or {TRAINING_SHARE:.0%} of the "

@@ -80,8 +80,9 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
     (a queue draining, clocks ramping) and count as warm-up too (``settling_steps``). ``enough(images, seconds)``
     may end a run early once its answer cannot matter (a loader far faster than the model cannot be the
     bottleneck). ``max_seconds`` bounds the timed part; then the latest window is reported with ``stable: false``.
-    ``deadline`` (a ``clock()`` time, from MeasuringBudget) ends the timed part once MIN_TIMED_STEPS are timed,
-    with ``cut_by_budget``; the warm-up always runs in full, since a figure that includes it is not the steady one.
+    ``deadline`` (a ``clock()`` time, from MeasuringBudget) ends the timed part once MIN_TIMED_STEPS are timed and
+    another step would end past it, with ``cut_by_budget``; the warm-up always runs in full, since a figure that
+    includes it is not the steady one.
     """
     started = clock()
     for _ in range(warmup_steps):
@@ -104,7 +105,9 @@ def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, s
                 break
         if sum(durations) >= max_seconds:
             break
-        if deadline is not None and clock() >= deadline and len(durations) >= MIN_TIMED_STEPS:
+        # A step that would end past the deadline (judged by the last one) is not started: the probe's budget
+        # holds, rather than being overrun by half a step on average.
+        if deadline is not None and clock() + durations[-1] > deadline and len(durations) >= MIN_TIMED_STEPS:
             stable, rates = halves_agree(durations[window], images[window], stable_within)
             cut_by_budget = True
             break
