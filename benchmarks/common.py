@@ -151,10 +151,10 @@ def make_snakemake_workdir(workdir: Path, config_text: str | None = None) -> Pat
 
 
 def run_snakemake(workdir: Path, *args: str, log: Path, targets: tuple = (), cores: int = 2,
-                  env: dict | None = None) -> dict:  # fmt: skip
-    """Run the repo's Snakefile in `workdir` (cwd = repo root, so the default profile applies as for a user).
-    Targets go first: --resources and --forcerun take any number of values and would swallow them."""
-    argv = [SNAKEMAKE, *targets, "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "--cores", str(cores),
+                  env: dict | None = None, snakefile: Path = ROOT / "Snakefile") -> dict:  # fmt: skip
+    """Run the repo's Snakefile (or ``snakefile``) in `workdir` (cwd = repo root, so the default profile applies as
+    for a user). Targets go first: --resources and --forcerun take any number of values and would swallow them."""
+    argv = [SNAKEMAKE, *targets, "-s", str(snakefile), "-d", str(workdir), "--cores", str(cores),
             "--resources", "gpu=1", *args]  # fmt: skip
     started = time.time()
     with open(log, "w") as handle:

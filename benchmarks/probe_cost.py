@@ -1,0 +1,123 @@
+"""What the probe costs on the CPU demo: this tree against a baseline commit, side by side in one run.
+
+    python benchmarks/probe_cost.py --baseline <commit> [--repeats 5] [--budget 15]
+
+Both run the demo pipeline's probe rule alone (`--forcerun probe`, `probe.reuse: false`) on the same data, weights
+and config, alternating (baseline, this tree, baseline, ...), so a drift in the shared machine's speed reaches both
+arms alike. The baseline runs from a `git worktree` of the commit, with its own Snakefile and package on PYTHONPATH.
+Per run: the probe rule's seconds (`tuning.json` `budget_s.rule_s`, imports included), its import seconds, the runs
+its budget cut, and each stage's prediction.
+
+Targets, fixed before the first run: every probe of this tree at most `--budget` seconds (issue 12: 15 s on the CPU
+demo); its median rule seconds below the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+
+import yaml
+from common import ROOT, WORK, LoadSampler, machine_info, make_snakemake_workdir, run_snakemake, save
+
+from stagedyolo.jsonio import read_json
+
+TUNING = "results/demo/probe/tuning.json"
+
+
+def baseline_tree(commit: str) -> tuple:
+    """A worktree of ``commit`` (made once, reused), and the environment that makes its package the imported one."""
+    tree = WORK / f"probe_cost_baseline_{commit[:12]}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True)
+    return tree, {"PYTHONPATH": str(tree)}
+
+
+def one_probe(workdir, arm: str, index: int, snakefile, env: dict | None) -> dict:
+    with LoadSampler(interval_s=2.0) as load:
+        run_snakemake(workdir, "--forcerun", "probe", log=workdir / f"{arm}{index}.log", targets=(TUNING,), env=env,
+                      snakefile=snakefile)  # fmt: skip
+    tuning = read_json(workdir / TUNING)
+    runs = [run for kind in ("loader", "model", "stages") for run in tuning["measurements"][kind]]
+    return {
+        "arm": arm,
+        "repeat": index,
+        "rule_s": tuning["budget_s"]["rule_s"],
+        "import_s": tuning["budget_s"]["import_s"],
+        "child_s": tuning["budget_s"]["child_s"],
+        "runs_cut": sum(bool(run.get("cut_by_budget")) for run in runs),
+        "runs": len(runs),
+        "warmup_steps": [run["warmup_steps"] for run in runs],  # which code ran: the tree warms seen shapes once
+        "choice": tuning["choice"],
+        "predicted": {name: stage["predicted_images_per_s"] for name, stage in tuning["stages"].items()},
+        "load": load.summary(),
+    }
+
+
+def summarise(probes: list[dict], budget: float) -> dict:
+    by_arm = {arm: [p["rule_s"] for p in probes if p["arm"] == arm] for arm in ("baseline", "tree")}
+    median = {arm: statistics.median(seconds) for arm, seconds in by_arm.items()}
+    return {
+        "rule_s": by_arm,
+        "median_rule_s": median,
+        "spread_rule_s": {arm: [min(s), max(s)] for arm, s in by_arm.items()},
+        "median_ratio_tree_over_baseline": round(median["tree"] / median["baseline"], 3),
+        "target_every_tree_probe_within_budget": all(s <= budget for s in by_arm["tree"]),
+        "target_tree_median_below_baseline": median["tree"] < median["baseline"],
+    }
+
+
+def markdown(result: dict) -> list[str]:
+    s = result["summary"]
+    lines = [
+        "# Probe cost on the CPU demo: this tree against a baseline",
+        "",
+        f"Baseline {result['baseline']}, tree {result['tree']}; {result['repeats']} probes each, alternating, "
+        f"probe.budget_s = {result['budget_s']:g} s. Targets fixed in advance: every probe of the tree ≤ "
+        f"{result['budget_s']:g} s; its median below the baseline's.",
+        "",
+        "| arm | rule s (each) | median | imports s (each) | runs cut |",
+        "|---|---|---:|---|---|",
+    ]
+    for arm in ("baseline", "tree"):
+        probes = [p for p in result["probes"] if p["arm"] == arm]
+        rule_s = ", ".join(f"{p['rule_s']:.1f}" for p in probes)
+        import_s = ", ".join(f"{p['import_s']:.1f}" for p in probes)
+        cut = ", ".join(f"{p['runs_cut']}/{p['runs']}" for p in probes)
+        lines.append(f"| {arm} | {rule_s} | {s['median_rule_s'][arm]:.2f} | {import_s} | {cut} |")
+    lines += [
+        "",
+        f"Median ratio tree / baseline: {s['median_ratio_tree_over_baseline']}. Every tree probe ≤ "
+        f"{result['budget_s']:g} s: {s['target_every_tree_probe_within_budget']}. Tree median below baseline: "
+        f"{s['target_tree_median_below_baseline']}.",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", required=True, help="the commit to compare with")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=15.0)
+    args = parser.parse_args()
+    baseline = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.baseline], check=True, text=True,
+                              capture_output=True).stdout.strip()  # fmt: skip
+    tree = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, text=True,
+                          capture_output=True).stdout.strip()  # fmt: skip
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["probe"].update({"reuse": False, "budget_s": args.budget})
+    workdir = make_snakemake_workdir(WORK / "probe_cost", yaml.safe_dump(config, sort_keys=False))
+    run_snakemake(workdir, log=workdir / "setup.log", targets=(TUNING,))  # data, cache and weights, once
+    old_tree, old_env = baseline_tree(baseline)
+    probes = []
+    for index in range(args.repeats):
+        probes.append(one_probe(workdir, "baseline", index, old_tree / "Snakefile", old_env))
+        probes.append(one_probe(workdir, "tree", index, ROOT / "Snakefile", None))
+    result = {"machine": machine_info(), "baseline": baseline, "tree": tree, "budget_s": args.budget,
+              "repeats": args.repeats, "probes": probes, "summary": summarise(probes, args.budget)}  # fmt: skip
+    save("probe_cost", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
