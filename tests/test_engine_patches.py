@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -203,3 +204,43 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     fp16 = ctx_for(device="")
     fp16.amp = True
     assert skip_reason(next(p for p in PATCHES if p.name == "amp_bf16"), fp16) is not None  # fp16: yolov5's source
+
+
+def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from stagedyolo.engine.compat import DeferredImports
+
+    (tmp_path / "probe_deferred_sample.py").write_text("import os\nos.environ['PROBE_DEFERRED_RAN'] = '1'\nVALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PROBE_DEFERRED_RAN", raising=False)
+    finder = DeferredImports(("probe_deferred_sample",))
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "probe_deferred_sample", raising=False)
+    importlib.invalidate_caches()
+    import probe_deferred_sample
+
+    assert "PROBE_DEFERRED_RAN" not in os.environ  # imported, not executed
+    assert probe_deferred_sample.VALUE == 7 and os.environ["PROBE_DEFERRED_RAN"] == "1"  # executed on first use
+    monkeypatch.delitem(sys.modules, "probe_deferred_sample")
+
+
+def test_yolov5_imports_without_executing_seaborn_and_a_plot_still_loads_it(tmp_path):
+    """deferred_plot_imports in a fresh process: train.py's whole import chain leaves seaborn (and scipy.stats)
+    unexecuted; the first use of seaborn executes it."""
+    code = textwrap.dedent("""
+        import sys
+        from stagedyolo.engine import compat
+        compat.defer_plot_imports()
+        import torch, yolov5.train, yolov5.val
+        print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
+        import seaborn
+        seaborn.color_palette()
+        print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
+    """)
+    env = engine_environment(tmp_path / "engine")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout  # fmt: skip
+    states = [line.split()[1:] for line in out.splitlines() if line.startswith("seaborn:")]  # ultralytics prints too
+    assert states == [["_LazyModule", "False"], ["module", "True"]], out

@@ -1,20 +1,55 @@
-"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch: rows of the patch table
+"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch, and load faster: rows of the patch table
 (stagedyolo.engine.patches), which applies them in the stage process.
 
-Each shim restores an API the engine calls and a newer release removed; none changes behaviour otherwise.
+Each shim restores an API the engine calls and a newer release removed, or defers an import; none changes
+behaviour otherwise.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import tempfile
+
+# yolov5.utils.plots imports seaborn (and through it scipy.stats) at module level, for label plots that stages draw
+# only with `plots: true` and the probe, export and test evaluation never draw: 1.6-1.7 s of every yolov5 process's
+# imports on the 2-core demo machine (python -X importtime). Loaded on first use instead.
+DEFERRED_IMPORTS = ("seaborn",)
 
 
 def install() -> None:
-    """All three, for a process that uses yolov5 without training a stage (the probe)."""
+    """All four, for a process that uses yolov5 without training a stage (the probe, export, test evaluation)."""
     numpy_trapz()
     pillow_getsize()
     atomic_torch_save()
+    defer_plot_imports()
+
+
+def defer_plot_imports() -> None:
+    """Before yolov5 is imported: the DEFERRED_IMPORTS it imports run on their first use (once per process)."""
+    if not any(isinstance(finder, DeferredImports) for finder in sys.meta_path):
+        sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
+
+
+class DeferredImports:
+    """A meta path finder that gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is
+    executed on its first attribute access instead of when imported. Installed before yolov5 is imported, it acts
+    only once yolov5 imports them, after torch and torchvision have registered their operators (which inspect
+    every loaded module, and would execute a lazy one: correct, only no longer deferred)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        self.names.discard(name)  # once: the lookup below must reach the real finders, not this one
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
 
 
 def numpy_trapz() -> None:

@@ -8,7 +8,6 @@ exactly what it sets, not what the calling Snakemake process happened to have.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import sys
@@ -36,9 +35,6 @@ PREFETCH_PER_WORKER = 2
 # needs one untimed step (a new thread count, freeze or loader): on the 2-core demo machine the first step at such a
 # shape was 5-15 % slower than the steady ones, the second at their rate.
 MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
-# Imported by yolov5.utils.plots at module level for plots the probe never draws: loaded on first use instead
-# (the child's imports took a median 6.7 s instead of 8.2 s, six alternating runs on the 2-core demo machine).
-DEFERRED_IMPORTS = ("seaborn",)
 # Seconds kept after the child's deadline for the rule to write tuning.json.
 WRITE_RESERVE_S = 0.3
 
@@ -46,8 +42,7 @@ WRITE_RESERVE_S = 0.3
 def main(request_path: str) -> int:
     started = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
-    compat.install()
-    sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
+    compat.install()  # seaborn, imported by yolov5 for plots the probe never draws, is loaded on first use
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
     import torch
 
@@ -129,26 +124,6 @@ class WarmShapes:
             return SEEN_SHAPE_WARMUP_STEPS
         self.run.add(shape)
         return MODEL_WARMUP_STEPS
-
-
-class DeferredImports:
-    """A meta path finder that gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is
-    executed on its first attribute access instead of when imported. Installed before yolov5 is imported, it acts
-    only once yolov5 imports them, after torch and torchvision have registered their operators (which inspect
-    every loaded module, and would execute a lazy one)."""
-
-    def __init__(self, names: tuple[str, ...]):
-        self.names = set(names)
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        self.names.discard(name)  # once: the lookup below must reach the real finders, not this one
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
 
 
 def _deadline(request: dict) -> float | None:
