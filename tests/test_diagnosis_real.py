@@ -3,10 +3,13 @@
 
 import json
 
+import pytest
+
 from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import build_plan, run_stage
 
+pytestmark = pytest.mark.exclusive  # the data-wait share is measured (tests/conftest.py)
 SPEC = {**LOADER_BOUND_SPEC, "epochs": 2, "val_period": 2}
 
 

@@ -31,6 +31,8 @@ from stagedyolo.launch import (
     yolov5_device,
 )
 
+# Signal, grace and timeout tests bound how long a process takes to end (tests/conftest.py).
+pytestmark = pytest.mark.exclusive
 REPO = Path(__file__).resolve().parents[1]
 FAKE_JOB = Path(__file__).with_name("fake_ddp_job.py")
 WORKER = ["-m", "stagedyolo.engine.worker", "/runs/a/plan.json"]

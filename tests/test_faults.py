@@ -60,6 +60,7 @@ def test_an_out_of_memory_failure_is_retried_at_half_the_batch(tmp_path, tiny_da
     assert findings[0]["code"] == "batch_reduced_after_oom" and findings[0]["change"] == "stages.s.batch: 4"
 
 
+@pytest.mark.exclusive  # "at once" is timed
 def test_other_failures_are_not_retried(tmp_path, tiny_data):
     missing = tmp_path / "nowhere" / "data.yaml"
     with pytest.raises(StageFailed):

@@ -14,6 +14,7 @@ from snakemake_runner import make_workdir, snakemake
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.exclusive,
     pytest.mark.skipif(os.environ.get("STAGEDYOLO_ACCURACY") != "1", reason="opt-in: STAGEDYOLO_ACCURACY=1"),
 ]
 

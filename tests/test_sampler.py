@@ -6,9 +6,12 @@ import sys
 import time
 import types
 
+import pytest
 
 from stagedyolo.telemetry import Sampler
 from stagedyolo.telemetry.sampler import _visible_nvml_indices
+
+pytestmark = pytest.mark.exclusive  # sample counts and CPU cost per sample are timed (tests/conftest.py)
 
 
 def read(path):

@@ -194,6 +194,7 @@ def test_process_start_gives_setup(clock):
     assert raw["setup_s"] == pytest.approx(110.0)
 
 
+@pytest.mark.exclusive  # a wall-clock bound
 def test_real_clock_overhead_is_tiny():
     """Per-batch hook cost with the real perf_counter: a regression guard (generous bound)."""
     import time

@@ -19,6 +19,7 @@ from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import build_plan, run_stage
 
+pytestmark = pytest.mark.exclusive  # it compares measured speeds (tests/conftest.py)
 SPEC = LOADER_BOUND_SPEC
 WINDOW = {"warmup_batches": 3, "measure_batches": 8}
 
