@@ -208,7 +208,6 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
 
 def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, monkeypatch):
     import importlib
-    import sys
 
     from stagedyolo.engine.compat import DeferredImports
 
