@@ -50,3 +50,32 @@ def test_nonfinite_guard_stops_training_with_the_documented_message():
 )
 def test_resolve_device(device, cuda, expected):
     assert resolve_device(device, cuda) == expected
+
+
+def test_close_engine_loggers_closes_the_tensorboard_writer_train_py_registered(tmp_path):
+    """train.py registers its Loggers' methods as callbacks; the writer they hold is found through them and closed,
+    so its events are on disk (and a second close, as when several hooks share the Loggers, does nothing)."""
+    from torch.utils.tensorboard import SummaryWriter
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from yolov5.utils.callbacks import Callbacks
+
+    from stagedyolo.engine.hooks import close_engine_loggers
+
+    class Loggers:  # the shape of yolov5.utils.loggers.Loggers that matters here: hook methods and `tb`
+        def __init__(self):
+            self.tb = SummaryWriter(str(tmp_path), flush_secs=3600, max_queue=1000)  # nothing flushes by itself
+
+        def on_fit_epoch_end(self, *args):
+            self.tb.add_scalar("metrics/mAP_0.5", 0.5, 3)
+
+        def on_train_end(self, *args):
+            pass
+
+    callbacks, loggers = Callbacks(), Loggers()
+    for hook in ("on_fit_epoch_end", "on_train_end"):
+        callbacks.register_action(hook, callback=getattr(loggers, hook))
+    callbacks.run("on_fit_epoch_end")
+    close_engine_loggers(callbacks)
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    assert [e.step for e in EventFileLoader(str(events)).Load() if e.summary.value] == [3]
+    assert loggers.tb.all_writers is None  # closed

@@ -225,21 +225,87 @@ def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, 
     monkeypatch.delitem(sys.modules, "probe_deferred_sample")
 
 
-def test_yolov5_imports_without_executing_seaborn_and_a_plot_still_loads_it(tmp_path):
-    """deferred_plot_imports in a fresh process: train.py's whole import chain leaves seaborn (and scipy.stats)
-    unexecuted; the first use of seaborn executes it."""
+def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp_path):
+    """deferred_plot_imports and shallow_import_stack in a fresh process: train.py's whole import chain leaves
+    seaborn (and scipy.stats) unexecuted, and the first use of seaborn executes it; yolov5.utils.general was
+    executed by the shallow-stack loader, and inspect.stack is the real one again afterwards."""
     code = textwrap.dedent("""
-        import sys
+        import inspect, sys
         from stagedyolo.engine import compat
         compat.defer_plot_imports()
+        compat.shallow_import_stack()
+        real_stack = inspect.stack
         import torch, yolov5.train, yolov5.val
         print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
         import seaborn
         seaborn.color_palette()
         print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
+        loader = type(sys.modules["yolov5.utils.general"].__loader__).__name__
+        print("stack:", loader, inspect.stack is real_stack)
     """)
     env = engine_environment(tmp_path / "engine")
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
                          check=True).stdout  # fmt: skip
     states = [line.split()[1:] for line in out.splitlines() if line.startswith("seaborn:")]  # ultralytics prints too
     assert states == [["_LazyModule", "False"], ["module", "True"]], out
+    assert "stack: _ShallowStackLoader True" in out.splitlines(), out
+
+
+def test_the_shallow_stack_reports_the_frames_filenames_and_lines_inspect_stack_does():
+    import inspect
+
+    from stagedyolo.engine.compat import stack_without_source
+
+    def both():
+        return inspect.stack(), stack_without_source()
+
+    full, shallow = both()
+    assert [(f.frame, f.filename, f.lineno, f.function) for f in shallow] == [
+        (f.frame, f.filename, f.lineno, f.function) for f in full
+    ]
+    assert all(f.code_context is None for f in shallow)
+
+
+def test_skip_exit_collection_runs_pending_finalizers_and_atexit_then_freezes_the_rest(tmp_path):
+    """In a fresh process: garbage in a reference cycle when it is called is finalized by it (the teardown's
+    collections, which would otherwise reclaim it, see frozen objects only), atexit handlers still run, and the
+    objects left are frozen."""
+    code = textwrap.dedent(f"""
+        import atexit, gc, pathlib
+        from stagedyolo.engine.compat import skip_exit_collection
+        out = pathlib.Path({str(tmp_path)!r})
+        class Cyclic:
+            def __init__(self):
+                self.me = self
+            def __del__(self):
+                (out / "finalized").write_text("yes")
+        gc.disable()  # only skip_exit_collection may collect the cycle
+        Cyclic()
+        atexit.register(lambda: (out / "atexit").write_text("yes"))
+        skip_exit_collection()
+        (out / "frozen").write_text(str(gc.get_freeze_count() > 0))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert [(tmp_path / name).read_text() for name in ("finalized", "atexit", "frozen")] == ["yes", "yes", "True"]
+
+
+def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_path):
+    """The import shims act only on imports still to come: in a fresh process, the worker's load_engine leaves
+    seaborn deferred and imports yolov5.utils.general through the shallow-stack loader, and applies every row."""
+    plan = build_plan(SPEC, stage="a", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
+                      threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    write_json(tmp_path / "plan.json", plan)
+    code = textwrap.dedent("""
+        import json, sys, torch
+        from stagedyolo.engine.worker import load_engine
+        engine, patches, amp = load_engine(json.load(open(sys.argv[1])), torch)
+        general = sys.modules["yolov5.utils.general"]
+        print("state:", type(sys.modules["seaborn"]).__name__, type(general.__loader__).__name__)
+        print("rows:", " ".join(row["name"] for row in patches))
+    """)
+    env = engine_environment(tmp_path / "engine")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code, str(tmp_path / "plan.json")], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:")))
+    assert lines["state"] == "_LazyModule _ShallowStackLoader", out
+    assert lines["rows"].split() == [p.name for phase in patches.PHASES for p in PATCHES if p.phase == phase]

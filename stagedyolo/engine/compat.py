@@ -1,5 +1,6 @@
-"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch, and load faster: rows of the patch table
-(stagedyolo.engine.patches), which applies them in the stage process.
+"""Shims that let yolov5 7.0.14 run on current numpy, Pillow and torch, and load and exit faster: rows of the patch
+table (stagedyolo.engine.patches), which applies them in the stage process, and `skip_exit_collection` for the end
+of every process that loaded them.
 
 Each shim restores an API the engine calls and a newer release removed, or defers an import; none changes
 behaviour otherwise.
@@ -7,7 +8,9 @@ behaviour otherwise.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
+import inspect
 import os
 import sys
 import tempfile
@@ -16,14 +19,71 @@ import tempfile
 # only with `plots: true` and the probe, export and test evaluation never draw: 1.6-1.7 s of every yolov5 process's
 # imports on the 2-core demo machine (python -X importtime). Loaded on first use instead.
 DEFERRED_IMPORTS = ("seaborn",)
+# yolov5.utils.general decides, as it is imported, whether to replace cv2.imread & co. by comparing two filenames
+# from inspect.stack(), which also reads every frame's source lines and, for importlib's frozen frames, searches
+# all of sys.modules: 1.2 s of every yolov5 import on the 2-core demo machine (9.8 -> 8.6 s), for two filenames.
+SHALLOW_STACK_MODULE = "yolov5.utils.general"
 
 
 def install() -> None:
-    """All four, for a process that uses yolov5 without training a stage (the probe, export, test evaluation)."""
+    """All five, for a process that uses yolov5 without training a stage (the probe, export, test evaluation)."""
     numpy_trapz()
     pillow_getsize()
     atomic_torch_save()
     defer_plot_imports()
+    shallow_import_stack()
+
+
+def shallow_import_stack() -> None:
+    """Before yolov5 is imported: while SHALLOW_STACK_MODULE executes, inspect.stack() leaves out source lines."""
+    if not any(isinstance(finder, ShallowStackWhileImporting) for finder in sys.meta_path):
+        sys.meta_path.insert(0, ShallowStackWhileImporting(SHALLOW_STACK_MODULE))
+
+
+def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
+    """inspect.stack() without source context (``context`` is ignored): the same frames, filenames (the code's own,
+    which inspect.stack also reports for every file that exists), line numbers and function names."""
+    frame, frames = sys._getframe(1), []
+    while frame is not None:
+        code = frame.f_code
+        frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+        frame = frame.f_back
+    return frames
+
+
+class ShallowStackWhileImporting:
+    """A meta path finder whose loader for ``name`` executes it with inspect.stack replaced by stack_without_source,
+    and restores inspect.stack afterwards (once: later imports of the module are sys.modules hits)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # the lookup below must reach the real finders, not this one
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ShallowStackLoader(spec.loader)
+        return spec
+
+
+class _ShallowStackLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, attribute):  # get_source, get_filename...: the real loader's
+        return getattr(self.loader, attribute)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        stack, inspect.stack = inspect.stack, stack_without_source
+        try:
+            self.loader.exec_module(module)
+        finally:
+            inspect.stack = stack
 
 
 def defer_plot_imports() -> None:
@@ -50,6 +110,21 @@ class DeferredImports:
             return None
         spec.loader = importlib.util.LazyLoader(spec.loader)
         return spec
+
+
+def skip_exit_collection() -> None:
+    """Call last in a process that loaded torch (and yolov5): collect what is garbage now, so its finalizers run
+    (files flush, dataloader workers stop), then freeze the rest, which lives until the process ends anyway.
+
+    Without it the interpreter's teardown runs full garbage collections over the millions of objects those imports
+    created while it clears the modules: 2.4-2.8 s after importing yolov5's train.py on the 2-core demo machine,
+    0.9-1.1 s with it (benchmarks/results/process_overhead.md). atexit handlers and the flush of sys.stdout and sys.stderr still
+    run; what no longer runs are the finalizers of objects still reachable now that only those collections would
+    have reclaimed (reference cycles freed as the modules are cleared). So a buffering writer is closed before this
+    (the stage worker closes yolov5's TensorBoard writer: hooks.close_engine_loggers).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def numpy_trapz() -> None:

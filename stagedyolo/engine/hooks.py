@@ -21,6 +21,18 @@ def register(plugin, callbacks) -> None:
             callbacks.register_action(hook, name=f"stagedyolo.{type(plugin).__name__}", callback=method)
 
 
+def close_engine_loggers(callbacks) -> None:
+    """Close yolov5's TensorBoard writer once train.main has returned. yolov5 never closes it: its last events
+    reached the file only through the interpreter's teardown, which the worker shortens (compat.skip_exit_collection).
+    train.py registers its Loggers' methods as callbacks, so the writer is found through them; closing is idempotent.
+    """
+    for actions in callbacks._callbacks.values():
+        for action in actions:
+            writer = getattr(getattr(action["callback"], "__self__", None), "tb", None)
+            if callable(getattr(writer, "close", None)):
+                writer.close()
+
+
 class ValidationSchedule:
     """Validate every `period` epochs (epochs period, 2*period, ... counted from 1) and on the final epoch.
 

@@ -39,7 +39,7 @@ class EngineContext:
     plan: dict
     device: str  # the yolov5 --device string: 'cpu', '' (first CUDA device) or indices
     amp: bool
-    callbacks: object
+    callbacks: object  # yolov5's Callbacks: set after the process phase, which runs before yolov5 is imported
     amp_dtype: str | None = "float16"  # autocast's dtype when amp is on (stagedyolo.engine.amp)
     mode: str = DEFAULT_MODE
     compile: bool = False
@@ -295,6 +295,12 @@ PATCHES: tuple[Patch, ...] = (
           "always (with plots on, seaborn loads when the first plot is drawn)",
           "torch + yolov5 train/val/export imports 10.3 -> 9.0 s, median of 5 alternating runs, 2-core CPU",
           lambda ctx: compat.defer_plot_imports(), phase="process"),
+    Patch("shallow_import_stack", "inspect.stack (while yolov5.utils.general is imported)",
+          "yolov5.utils.general compares two filenames from inspect.stack() at import, which also reads every "
+          "frame's source lines and searches sys.modules for importlib's frozen frames",
+          "always (the same filenames, so the same cv2.imread decision)",
+          "torch + yolov5 train.py imports 9.82 -> 8.59 s, median of 5 alternating processes, 2-core CPU "
+          "(benchmarks/results/process_overhead.md)", lambda ctx: compat.shallow_import_stack(), phase="process"),
     Patch("ddp_timeout", "torch.distributed.init_process_group default timeout",
           "yolov5 passes none, so one dead rank leaves the others waiting 3 h", "launched with a DDP timeout",
           "bounds a hang; no effect on training", _ddp_timeout, _ddp_timeout_configured, phase="process"),
@@ -378,11 +384,13 @@ def skip_reason(patch: Patch, ctx: EngineContext) -> str | None:
     return patch.when(ctx)
 
 
-def apply_patches(ctx: EngineContext) -> list[dict]:
-    """Apply the table to this process, in order; loads yolov5's train module into ctx.train. Returns one record
-    per row: {name, applied, reason} (reason: the guard that held, or why the row did not apply)."""
+def apply_patches(ctx: EngineContext, phases: tuple[str, ...] = PHASES) -> list[dict]:
+    """Apply the table's rows of ``phases`` to this process, in order; the module phase loads yolov5's train module
+    into ctx.train. Returns one record per row: {name, applied, reason} (reason: the guard that held, or why the
+    row did not apply). The worker applies the process phase before it imports anything of yolov5 (import shims
+    act only on imports still to come), and the other phases once it has yolov5's Callbacks."""
     report = []
-    for phase in PHASES:
+    for phase in phases:
         if phase == "module":
             ctx.train = load_train(ctx.source_edits, ctx.module_names)
         for patch in (p for p in PATCHES if p.phase == phase):

@@ -16,8 +16,9 @@ import warnings
 from pathlib import Path
 
 from stagedyolo.dataset.image_store import serve_ram_cache
+from stagedyolo.engine import compat
 from stagedyolo.engine.amp import decide_amp
-from stagedyolo.engine.hooks import register
+from stagedyolo.engine.hooks import close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
@@ -46,17 +47,8 @@ def main(plan_path: str, plugins=()) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
-    from yolov5.utils.callbacks import Callbacks
-
-    device = resolve_device(plan["device"], torch.cuda.is_available())
-    cuda = device != "cpu"
-    bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
-    amp = decide_amp(plan["amp"], cuda, plan.get("amp_source", "config"), bf16_supported=bf16)
-    callbacks = Callbacks()  # never yolov5's shared default instance
-    # Every change to yolov5's behaviour (AMP decision, val_period, NaN guard, fast mode...): stagedyolo.engine.patches
-    engine = EngineContext(plan, device, amp["amp"], callbacks, amp_dtype=amp["dtype"], torch=torch,
-                           **engine_settings(plan))
-    patches = apply_patches(engine)
+    engine, patches, amp = load_engine(plan, torch)
+    device, callbacks = engine.device, engine.callbacks
     train, schedule, guard = engine.train, engine.schedule, engine.guard
     for plugin in plugins:
         register(plugin, callbacks)
@@ -86,6 +78,7 @@ def main(plan_path: str, plugins=()) -> int:
         outcome.update(status="error", message=f"{type(error).__name__}: {error}")
         raise
     finally:
+        close_engine_loggers(callbacks)  # before skip_exit_collection, which would leave its last events unwritten
         if REPORTING_RANK:
             if engine.compile_applied:
                 outcome["compile"] = compile_seconds(torch)
@@ -104,6 +97,23 @@ def main(plan_path: str, plugins=()) -> int:
         print(f"stagedyolo: {guard.message}", file=sys.stderr)
         return EXIT_NONFINITE
     return 0
+
+
+def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
+    """The engine for ``plan``: AMP decided, then every change to yolov5's behaviour (stagedyolo.engine.patches)
+    applied, the process rows before anything of yolov5 is imported (its import shims act only on imports still to
+    come), the others on yolov5's Callbacks and train module. Returns the context, the rows' report and AMP."""
+    device = resolve_device(plan["device"], torch.cuda.is_available())
+    cuda = device != "cpu"
+    bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
+    amp = decide_amp(plan["amp"], cuda, plan.get("amp_source", "config"), bf16_supported=bf16)
+    engine = EngineContext(plan, device, amp["amp"], None, amp_dtype=amp["dtype"], torch=torch,
+                           **engine_settings(plan))  # fmt: skip
+    patches = apply_patches(engine, phases=("process",))
+    from yolov5.utils.callbacks import Callbacks
+
+    engine.callbacks = Callbacks()  # never yolov5's shared default instance
+    return engine, patches + apply_patches(engine, phases=("source", "module")), amp
 
 
 def resolve_device(device: str, cuda_available: bool) -> str:
@@ -161,9 +171,11 @@ def build_opt(train, plan: dict, device: str):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1]))
+        code = main(sys.argv[1])
     except SystemExit:
         raise
     except BaseException:
         traceback.print_exc()
-        sys.exit(1)
+        code = 1
+    compat.skip_exit_collection()  # outcome.json, timing_raw.json and the checkpoints are written and closed
+    sys.exit(code)

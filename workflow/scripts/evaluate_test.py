@@ -1,3 +1,4 @@
+from stagedyolo.engine.compat import skip_exit_collection
 from stagedyolo.evaluate import evaluate_for_rule
 
 evaluate_for_rule(
@@ -11,3 +12,4 @@ evaluate_for_rule(
     threads=snakemake.threads,
     log_path=snakemake.log[0],
 )
+skip_exit_collection()  # torch is loaded and the outputs are written: end without its teardown's collections

@@ -1,3 +1,4 @@
+from stagedyolo.engine.compat import skip_exit_collection
 from stagedyolo.export import export_for_rule
 
 export_for_rule(
@@ -10,3 +11,4 @@ export_for_rule(
     threads=snakemake.threads,
     log_path=snakemake.log[0],
 )
+skip_exit_collection()  # torch is loaded and the outputs are written: end without its teardown's collections

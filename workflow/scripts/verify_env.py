@@ -1,3 +1,4 @@
+from stagedyolo.engine.compat import skip_exit_collection
 from stagedyolo.envcheck import verify_env
 
 verify_env(
@@ -7,3 +8,4 @@ verify_env(
     md_path=snakemake.output.md,
     log_path=snakemake.log[0],
 )
+skip_exit_collection()  # torch is loaded and the outputs are written: end without its teardown's collections
