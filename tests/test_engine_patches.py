@@ -3,6 +3,7 @@ fast mode's rows do what they say, and docs/engine.md lists exactly the table.""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -226,14 +227,14 @@ def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, 
 
 
 def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp_path):
-    """deferred_plot_imports and shallow_import_stack in a fresh process: train.py's whole import chain leaves
+    """deferred_plot_imports and sourceless_inspect in a fresh process: train.py's whole import chain leaves
     seaborn (and scipy.stats) unexecuted, and the first use of seaborn executes it; yolov5.utils.general was
-    executed by the shallow-stack loader, and inspect.stack is the real one again afterwards."""
+    executed by the sourceless-inspect loader, and inspect.stack is the real one again afterwards."""
     code = textwrap.dedent("""
         import inspect, sys
         from stagedyolo.engine import compat
         compat.defer_plot_imports()
-        compat.shallow_import_stack()
+        compat.sourceless_inspect()
         real_stack = inspect.stack
         import torch, yolov5.train, yolov5.val
         print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
@@ -248,22 +249,26 @@ def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp
                          check=True).stdout  # fmt: skip
     states = [line.split()[1:] for line in out.splitlines() if line.startswith("seaborn:")]  # ultralytics prints too
     assert states == [["_LazyModule", "False"], ["module", "True"]], out
-    assert "stack: _ShallowStackLoader True" in out.splitlines(), out
+    assert "stack: _SourcelessInspectLoader True" in out.splitlines(), out
 
 
-def test_the_shallow_stack_reports_the_frames_filenames_and_lines_inspect_stack_does():
+def test_sourceless_inspect_reports_the_frames_filenames_lines_and_functions_inspect_does():
     import inspect
 
-    from stagedyolo.engine.compat import stack_without_source
+    from stagedyolo.engine.compat import sourceless_inspect_module, stack_without_source
 
     def both():
         return inspect.stack(), stack_without_source()
 
-    full, shallow = both()
-    assert [(f.frame, f.filename, f.lineno, f.function) for f in shallow] == [
+    full, sourceless = both()
+    assert [(f.frame, f.filename, f.lineno, f.function) for f in sourceless] == [
         (f.frame, f.filename, f.lineno, f.function) for f in full
     ]
-    assert all(f.code_context is None for f in shallow)
+    assert all(f.code_context is None for f in sourceless)
+    frame = inspect.currentframe()
+    with_source, without = inspect.getframeinfo(frame), sourceless_inspect_module().getframeinfo(frame)
+    assert without[:3] == (with_source.filename, with_source.lineno, with_source.function)
+    assert without.code_context is None and with_source.code_context
 
 
 def test_skip_exit_collection_runs_pending_finalizers_and_atexit_then_freezes_the_rest(tmp_path):
@@ -290,22 +295,32 @@ def test_skip_exit_collection_runs_pending_finalizers_and_atexit_then_freezes_th
 
 
 def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_path):
-    """The import shims act only on imports still to come: in a fresh process, the worker's load_engine leaves
-    seaborn deferred and imports yolov5.utils.general through the shallow-stack loader, and applies every row."""
+    """The import shims act only on imports still to come: in a fresh process, the worker's load_engine imports
+    yolov5.utils.general through the sourceless-inspect loader and applies every row; seaborn stays deferred through
+    train.main's first log line (print_args), which reads the same as yolov5's own."""
     plan = build_plan(SPEC, stage="a", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
                       threads=1, work_dir=tmp_path / "w")  # fmt: skip
     write_json(tmp_path / "plan.json", plan)
-    code = textwrap.dedent("""
+    # Called from a module imported late, as train.main's module is: inspect has not mapped its file to a module
+    # yet, so reading its source would search sys.modules.
+    (tmp_path / "first_log_line.py").write_text("def log(print_args):\n    print_args({'epochs': 3})\n")
+    script = tmp_path / "stage.py"
+    script.write_text(textwrap.dedent("""
         import json, sys, torch
         from stagedyolo.engine.worker import load_engine
         engine, patches, amp = load_engine(json.load(open(sys.argv[1])), torch)
+        import first_log_line
+        first_log_line.log(engine.train.print_args)
         general = sys.modules["yolov5.utils.general"]
         print("state:", type(sys.modules["seaborn"]).__name__, type(general.__loader__).__name__)
         print("rows:", " ".join(row["name"] for row in patches))
-    """)
+    """))
     env = engine_environment(tmp_path / "engine")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code, str(tmp_path / "plan.json")], env=env,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    run = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "plan.json")], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = run.stdout + run.stderr
     lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:")))
-    assert lines["state"] == "_LazyModule _ShallowStackLoader", out
+    assert lines["state"] == "_LazyModule _SourcelessInspectLoader", out
     assert lines["rows"].split() == [p.name for phase in patches.PHASES for p in PATCHES if p.phase == phase]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # colorstr's colours
+    assert "first_log_line: epochs=3" in plain  # yolov5's own format: the caller's file stem, then the arguments

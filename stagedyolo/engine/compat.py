@@ -8,21 +8,25 @@ behaviour otherwise.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import inspect
 import os
 import sys
 import tempfile
+import types
 
 # yolov5.utils.plots imports seaborn (and through it scipy.stats) at module level, for label plots that stages draw
 # only with `plots: true` and the probe, export and test evaluation never draw: 1.6-1.7 s of every yolov5 process's
 # imports on the 2-core demo machine (python -X importtime). Loaded on first use instead.
 DEFERRED_IMPORTS = ("seaborn",)
-# yolov5.utils.general decides, as it is imported, whether to replace cv2.imread & co. by comparing two filenames
-# from inspect.stack(), which also reads every frame's source lines and, for importlib's frozen frames, searches
-# all of sys.modules: 1.2 s of every yolov5 import on the 2-core demo machine (9.8 -> 8.6 s), for two filenames.
-SHALLOW_STACK_MODULE = "yolov5.utils.general"
+# yolov5.utils.general reads source lines through inspect twice for a filename: as it is imported, inspect.stack()
+# (to decide whether to replace cv2.imread & co.), and in print_args (train.main's first log line),
+# inspect.getframeinfo. Each search of sys.modules for a frame's module reads every module's __file__, which executes
+# the DEFERRED_IMPORTS (seaborn, scipy.stats). On the 2-core demo machine: imports 8.9 -> 8.1 s, print_args
+# 1.4 -> 0.0 s (benchmarks/results/process_overhead.md).
+SOURCELESS_INSPECT_MODULE = "yolov5.utils.general"
 
 
 def install() -> None:
@@ -31,13 +35,14 @@ def install() -> None:
     pillow_getsize()
     atomic_torch_save()
     defer_plot_imports()
-    shallow_import_stack()
+    sourceless_inspect()
 
 
-def shallow_import_stack() -> None:
-    """Before yolov5 is imported: while SHALLOW_STACK_MODULE executes, inspect.stack() leaves out source lines."""
-    if not any(isinstance(finder, ShallowStackWhileImporting) for finder in sys.meta_path):
-        sys.meta_path.insert(0, ShallowStackWhileImporting(SHALLOW_STACK_MODULE))
+def sourceless_inspect() -> None:
+    """Before yolov5 is imported: SOURCELESS_INSPECT_MODULE executes with an inspect.stack() that reads no source,
+    and its `inspect` is then sourceless_inspect_module() (once per process)."""
+    if not any(isinstance(finder, SourcelessInspectFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourcelessInspectFinder(SOURCELESS_INSPECT_MODULE))
 
 
 def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
@@ -51,9 +56,17 @@ def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
     return frames
 
 
-class ShallowStackWhileImporting:
-    """A meta path finder whose loader for ``name`` executes it with inspect.stack replaced by stack_without_source,
-    and restores inspect.stack afterwards (once: later imports of the module are sys.modules hits)."""
+def sourceless_inspect_module() -> types.SimpleNamespace:
+    """The inspect module, except that stack() and getframeinfo() read no source lines (getframeinfo as with
+    context=0: the same filename, line and function)."""
+    return types.SimpleNamespace(**{**vars(inspect), "stack": stack_without_source,
+                                    "getframeinfo": functools.partial(inspect.getframeinfo, context=0)})  # fmt: skip
+
+
+class SourcelessInspectFinder:
+    """A meta path finder whose loader for ``name`` executes it with inspect.stack replaced by stack_without_source
+    (restored afterwards), then gives the module sourceless_inspect_module() as its `inspect`. Once: later imports
+    of the module are sys.modules hits."""
 
     def __init__(self, name: str):
         self.name = name
@@ -64,11 +77,11 @@ class ShallowStackWhileImporting:
         sys.meta_path.remove(self)  # the lookup below must reach the real finders, not this one
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            spec.loader = _ShallowStackLoader(spec.loader)
+            spec.loader = _SourcelessInspectLoader(spec.loader)
         return spec
 
 
-class _ShallowStackLoader:
+class _SourcelessInspectLoader:
     def __init__(self, loader):
         self.loader = loader
 
@@ -84,6 +97,7 @@ class _ShallowStackLoader:
             self.loader.exec_module(module)
         finally:
             inspect.stack = stack
+        module.inspect = sourceless_inspect_module()
 
 
 def defer_plot_imports() -> None:
@@ -117,8 +131,8 @@ def skip_exit_collection() -> None:
     (files flush, dataloader workers stop), then freeze the rest, which lives until the process ends anyway.
 
     Without it the interpreter's teardown runs full garbage collections over the millions of objects those imports
-    created while it clears the modules: 2.4-2.8 s after importing yolov5's train.py on the 2-core demo machine,
-    0.9-1.1 s with it (benchmarks/results/process_overhead.md). atexit handlers and the flush of sys.stdout and sys.stderr still
+    created while it clears the modules: 2.2-3.2 s after importing yolov5's train.py on the 2-core demo machine,
+    0.8-0.9 s with it (benchmarks/results/process_overhead.md). atexit handlers and the flush of sys.stdout and sys.stderr still
     run; what no longer runs are the finalizers of objects still reachable now that only those collections would
     have reclaimed (reference cycles freed as the modules are cleared). So a buffering writer is closed before this
     (the stage worker closes yolov5's TensorBoard writer: hooks.close_engine_loggers).

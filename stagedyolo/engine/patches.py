@@ -295,12 +295,12 @@ PATCHES: tuple[Patch, ...] = (
           "always (with plots on, seaborn loads when the first plot is drawn)",
           "torch + yolov5 train/val/export imports 10.3 -> 9.0 s, median of 5 alternating runs, 2-core CPU",
           lambda ctx: compat.defer_plot_imports(), phase="process"),
-    Patch("shallow_import_stack", "inspect.stack (while yolov5.utils.general is imported)",
-          "yolov5.utils.general compares two filenames from inspect.stack() at import, which also reads every "
-          "frame's source lines and searches sys.modules for importlib's frozen frames",
-          "always (the same filenames, so the same cv2.imread decision)",
-          "torch + yolov5 train.py imports 9.82 -> 8.59 s, median of 5 alternating processes, 2-core CPU "
-          "(benchmarks/results/process_overhead.md)", lambda ctx: compat.shallow_import_stack(), phase="process"),
+    Patch("sourceless_inspect", "inspect as yolov5.utils.general uses it (import-time stack(), print_args)",
+          "both read source lines for a filename; their search of sys.modules for a frame's module also executes "
+          "every deferred import (seaborn), at train.main's first log line",
+          "always (the same filenames, lines and function names: the same cv2.imread decision and log line)",
+          "torch + yolov5 train.py imports 8.93 -> 8.09 s and train.main's print_args 1.38 -> 0.00 s, medians of 5 "
+          "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)", lambda ctx: compat.sourceless_inspect(), phase="process"),
     Patch("ddp_timeout", "torch.distributed.init_process_group default timeout",
           "yolov5 passes none, so one dead rank leaves the others waiting 3 h", "launched with a DDP timeout",
           "bounds a hang; no effect on training", _ddp_timeout, _ddp_timeout_configured, phase="process"),
