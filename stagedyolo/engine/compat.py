@@ -2,8 +2,8 @@
 table (stagedyolo.engine.patches), which applies them in the stage process, and `skip_exit_collection` for the end
 of every process that loaded them.
 
-Each shim restores an API the engine calls and a newer release removed, or defers an import; none changes
-behaviour otherwise.
+Each shim restores an API the engine calls and a newer release removed, defers an import, or spares a cost yolov5
+pays for nothing it uses (source lines read for a filename); none changes behaviour otherwise.
 """
 
 from __future__ import annotations
@@ -132,10 +132,10 @@ def skip_exit_collection() -> None:
 
     Without it the interpreter's teardown runs full garbage collections over the millions of objects those imports
     created while it clears the modules: 2.2-3.2 s after importing yolov5's train.py on the 2-core demo machine,
-    0.8-0.9 s with it (benchmarks/results/process_overhead.md). atexit handlers and the flush of sys.stdout and sys.stderr still
-    run; what no longer runs are the finalizers of objects still reachable now that only those collections would
-    have reclaimed (reference cycles freed as the modules are cleared). So a buffering writer is closed before this
-    (the stage worker closes yolov5's TensorBoard writer: hooks.close_engine_loggers).
+    0.8-0.9 s with it (benchmarks/results/process_overhead.md). atexit handlers and the flush of sys.stdout and
+    sys.stderr still run; what no longer runs are the finalizers of objects still reachable now that only those
+    collections would have reclaimed (reference cycles freed as the modules are cleared). So a buffering writer is
+    closed before this (the stage worker closes yolov5's TensorBoard writer: hooks.close_engine_loggers).
     """
     gc.collect()
     gc.freeze()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 NONFINITE_LOSS_HELP = (
     "The training loss became {value} at iteration {ni} (epoch {epoch}) and the stage was stopped.\n"
@@ -30,7 +31,10 @@ def close_engine_loggers(callbacks) -> None:
         for action in actions:
             writer = getattr(getattr(action["callback"], "__self__", None), "tb", None)
             if callable(getattr(writer, "close", None)):
-                writer.close()
+                try:
+                    writer.close()
+                except Exception as error:  # its events are a record of the stage, not its result
+                    print(f"stagedyolo: closing yolov5's TensorBoard writer failed: {error!r}", file=sys.stderr)
 
 
 class ValidationSchedule:

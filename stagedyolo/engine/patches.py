@@ -300,7 +300,8 @@ PATCHES: tuple[Patch, ...] = (
           "every deferred import (seaborn), at train.main's first log line",
           "always (the same filenames, lines and function names: the same cv2.imread decision and log line)",
           "torch + yolov5 train.py imports 8.93 -> 8.09 s and train.main's print_args 1.38 -> 0.00 s, medians of 5 "
-          "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)", lambda ctx: compat.sourceless_inspect(), phase="process"),
+          "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)",
+          lambda ctx: compat.sourceless_inspect(), phase="process"),
     Patch("ddp_timeout", "torch.distributed.init_process_group default timeout",
           "yolov5 passes none, so one dead rank leaves the others waiting 3 h", "launched with a DDP timeout",
           "bounds a hang; no effect on training", _ddp_timeout, _ddp_timeout_configured, phase="process"),

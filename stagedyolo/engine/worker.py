@@ -78,7 +78,6 @@ def main(plan_path: str, plugins=()) -> int:
         outcome.update(status="error", message=f"{type(error).__name__}: {error}")
         raise
     finally:
-        close_engine_loggers(callbacks)  # before skip_exit_collection, which would leave its last events unwritten
         if REPORTING_RANK:
             if engine.compile_applied:
                 outcome["compile"] = compile_seconds(torch)
@@ -90,6 +89,7 @@ def main(plan_path: str, plugins=()) -> int:
             outcome["stopped_by"] = stop.reason
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
+        close_engine_loggers(callbacks)  # before skip_exit_collection, which would leave its last events unwritten
     if outcome["status"] == "oom":
         print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
         return EXIT_OOM
