@@ -42,7 +42,7 @@ def sourceless_inspect() -> None:
     """Before yolov5 is imported: SOURCELESS_INSPECT_MODULE executes with an inspect.stack() that reads no source,
     and its `inspect` is then sourceless_inspect_module() (once per process)."""
     if not any(isinstance(finder, SourcelessInspectFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, SourcelessInspectFinder(SOURCELESS_INSPECT_MODULE))
+        sys.meta_path.insert(0, SourcelessInspectFinder((SOURCELESS_INSPECT_MODULE,)))
 
 
 def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
@@ -63,21 +63,23 @@ def sourceless_inspect_module() -> types.SimpleNamespace:
                                     "getframeinfo": functools.partial(inspect.getframeinfo, context=0)})  # fmt: skip
 
 
-class SourcelessInspectFinder:
-    """A meta path finder whose loader for ``name`` executes it with inspect.stack replaced by stack_without_source
-    (restored afterwards), then gives the module sourceless_inspect_module() as its `inspect`. Once: later imports
-    of the module are sys.modules hits."""
+class LoaderWrappingFinder:
+    """A meta path finder for the modules in ``names``: the real finders find each one, once, and its loader is
+    wrapped in ``wrap_loader`` (a subclass names it)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    wrap_loader = None
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = set(names)
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.name:
+        if name not in self.names:
             return None
-        sys.meta_path.remove(self)  # the lookup below must reach the real finders, not this one
+        self.names.discard(name)  # once: the lookup below must reach the real finders, not this one
         spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _SourcelessInspectLoader(spec.loader)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = self.wrap_loader(spec.loader)
         return spec
 
 
@@ -100,30 +102,26 @@ class _SourcelessInspectLoader:
         module.inspect = sourceless_inspect_module()
 
 
+class SourcelessInspectFinder(LoaderWrappingFinder):
+    """Its loader executes the module with inspect.stack replaced by stack_without_source (restored afterwards),
+    then gives it sourceless_inspect_module() as its `inspect`."""
+
+    wrap_loader = _SourcelessInspectLoader
+
+
 def defer_plot_imports() -> None:
     """Before yolov5 is imported: the DEFERRED_IMPORTS it imports run on their first use (once per process)."""
     if not any(isinstance(finder, DeferredImports) for finder in sys.meta_path):
         sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
 
 
-class DeferredImports:
-    """A meta path finder that gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is
-    executed on its first attribute access instead of when imported. Installed before yolov5 is imported, it acts
-    only once yolov5 imports them, after torch and torchvision have registered their operators (which inspect
-    every loaded module, and would execute a lazy one: correct, only no longer deferred)."""
+class DeferredImports(LoaderWrappingFinder):
+    """Gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is executed on its first attribute
+    access instead of when imported. Installed before yolov5 is imported, it acts only once yolov5 imports them,
+    after torch and torchvision have registered their operators (which inspect every loaded module, and would
+    execute a lazy one: correct, only no longer deferred)."""
 
-    def __init__(self, names: tuple[str, ...]):
-        self.names = set(names)
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        self.names.discard(name)  # once: the lookup below must reach the real finders, not this one
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
+    wrap_loader = importlib.util.LazyLoader
 
 
 def skip_exit_collection() -> None:

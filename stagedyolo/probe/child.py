@@ -42,7 +42,7 @@ WRITE_RESERVE_S = 0.3
 def main(request_path: str) -> int:
     started = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
-    compat.install()  # seaborn, imported by yolov5 for plots the probe never draws, is loaded on first use
+    compat.install()  # before yolov5's first import: its import shims (seaborn deferred, sourceless inspect)
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
     import torch
 
