@@ -27,6 +27,20 @@ PYTHON = sys.executable
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
+# --------------------------------------------------------------------------------------------------- baseline
+def commit_of(revision: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", revision], check=True, text=True,
+                          capture_output=True).stdout.strip()  # fmt: skip
+
+
+def baseline_tree(commit: str) -> tuple:
+    """A worktree of ``commit`` (made once, reused), and the environment that makes its package the imported one."""
+    tree = WORK / f"baseline_{commit[:12]}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True)
+    return tree, {"PYTHONPATH": str(tree)}
+
+
 # --------------------------------------------------------------------------------------------------- machine
 def machine_info() -> dict:
     model = ""

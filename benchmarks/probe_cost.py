@@ -16,22 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 
 import yaml
-from common import ROOT, WORK, LoadSampler, machine_info, make_snakemake_workdir, run_snakemake, save
+from common import (ROOT, WORK, LoadSampler, baseline_tree, commit_of, machine_info, make_snakemake_workdir,
+                    run_snakemake, save)
 
 from stagedyolo.jsonio import read_json
 
 TUNING = "results/demo/probe/tuning.json"
-
-
-def baseline_tree(commit: str) -> tuple:
-    """A worktree of ``commit`` (made once, reused), and the environment that makes its package the imported one."""
-    tree = WORK / f"probe_cost_baseline_{commit[:12]}"
-    if not tree.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True)
-    return tree, {"PYTHONPATH": str(tree)}
 
 
 def one_probe(workdir, arm: str, index: int, snakefile, env: dict | None) -> dict:
@@ -101,10 +93,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget", type=float, default=15.0)
     args = parser.parse_args()
-    baseline = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.baseline], check=True, text=True,
-                              capture_output=True).stdout.strip()  # fmt: skip
-    tree = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, text=True,
-                          capture_output=True).stdout.strip()  # fmt: skip
+    baseline, tree = commit_of(args.baseline), commit_of("HEAD")
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["probe"].update({"reuse": False, "budget_s": args.budget})
     workdir = make_snakemake_workdir(WORK / "probe_cost", yaml.safe_dump(config, sort_keys=False))

@@ -38,7 +38,7 @@ CHILD = """
 import json, sys, time
 started = time.perf_counter()
 from stagedyolo.engine import compat
-compat.numpy_trapz(); compat.pillow_getsize(); compat.atomic_torch_save(); compat.defer_plot_imports()
+compat.numpy_trapz(); compat.pillow_getsize(); compat.atomic_torch_save(); compat.defer_imports()
 shims = sys.argv[1] == "shims"
 if shims:
     compat.sourceless_inspect()

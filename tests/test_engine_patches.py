@@ -226,29 +226,63 @@ def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, 
     monkeypatch.delitem(sys.modules, "probe_deferred_sample")
 
 
+def test_a_deferred_module_answers_what_import_and_inspect_read_without_running(tmp_path):
+    """In a fresh process: inspect.getmodule's search of sys.modules (as torch's operator registrations run it), a
+    second import and isinstance leave a deferred module unexecuted; its first real use executes it once; importing a
+    deferred package's submodule executes the package first."""
+    (tmp_path / "deferred_sample.py").write_text("import sys\nsys.ran.append('module')\nVALUE = 7\n")
+    package = tmp_path / "deferred_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("import sys\nsys.ran.append('package')\n")
+    (package / "child.py").write_text("import sys\nsys.ran.append('child')\n")
+    code = textwrap.dedent(f"""
+        import inspect, sys, types
+        sys.path.insert(0, {str(tmp_path)!r})
+        sys.ran = []
+        from stagedyolo.engine.compat import DeferredImports
+        sys.meta_path.insert(0, DeferredImports(("deferred_sample", "deferred_package")))
+        import deferred_sample
+        inspect.getmodule(inspect.currentframe())  # reads every module's __file__ and class
+        import deferred_sample as again
+        print("unexecuted:", sys.ran, isinstance(again, types.ModuleType), type(again).__name__)
+        print("used:", deferred_sample.VALUE, sys.ran, type(deferred_sample).__name__)
+        import deferred_package.child
+        print("package:", sys.ran)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["unexecuted: [] True DeferredModule", "used: 7 ['module'] module",
+                                "package: ['module', 'package', 'child']"], out  # fmt: skip
+
+
 def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp_path):
-    """deferred_plot_imports and sourceless_inspect in a fresh process: train.py's whole import chain leaves
-    seaborn (and scipy.stats) unexecuted, and the first use of seaborn executes it; yolov5.utils.general was
-    executed by the sourceless-inspect loader, and inspect.stack is the real one again afterwards."""
+    """deferred_imports and sourceless_inspect in a fresh process: train.py's and val.py's whole import chains leave
+    seaborn (and scipy.stats), matplotlib.pyplot and boto3 unexecuted, and the first use of each executes it;
+    yolov5.utils.general was executed by the sourceless-inspect loader, and inspect.stack is the real one again
+    afterwards."""
     code = textwrap.dedent("""
         import inspect, sys
         from stagedyolo.engine import compat
-        compat.defer_plot_imports()
+        compat.defer_imports()
         compat.sourceless_inspect()
         real_stack = inspect.stack
         import torch, yolov5.train, yolov5.val
-        print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
-        import seaborn
+        def state():
+            kinds = [type(sys.modules[name]).__name__ for name in ("seaborn", "matplotlib.pyplot", "boto3")]
+            print("state:", *kinds, "scipy.stats" in sys.modules)
+        state()
+        import boto3, matplotlib.pyplot as plt, seaborn
         seaborn.color_palette()
-        print("seaborn:", type(sys.modules["seaborn"]).__name__, "scipy.stats" in sys.modules)
+        plt.figure()
+        boto3.Session
+        state()
         loader = type(sys.modules["yolov5.utils.general"].__loader__).__name__
         print("stack:", loader, inspect.stack is real_stack)
     """)
     env = engine_environment(tmp_path / "engine")
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
                          check=True).stdout  # fmt: skip
-    states = [line.split()[1:] for line in out.splitlines() if line.startswith("seaborn:")]  # ultralytics prints too
-    assert states == [["_LazyModule", "False"], ["module", "True"]], out
+    states = [line.split()[1:] for line in out.splitlines() if line.startswith("state:")]  # ultralytics prints too
+    assert states == [["DeferredModule"] * 3 + ["False"], ["module"] * 3 + ["True"]], out
     assert "stack: _SourcelessInspectLoader True" in out.splitlines(), out
 
 
@@ -296,8 +330,8 @@ def test_skip_exit_collection_runs_pending_finalizers_and_atexit_then_freezes_th
 
 def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_path):
     """The import shims act only on imports still to come: in a fresh process, the worker's load_engine imports
-    yolov5.utils.general through the sourceless-inspect loader and applies every row; seaborn stays deferred through
-    train.main's first log line (print_args), which reads the same as yolov5's own."""
+    yolov5.utils.general through the sourceless-inspect loader and applies every row; seaborn, pyplot and boto3 stay
+    deferred through train.main's first log line (print_args), which reads the same as yolov5's own."""
     plan = build_plan(SPEC, stage="a", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
                       threads=1, work_dir=tmp_path / "w")  # fmt: skip
     write_json(tmp_path / "plan.json", plan)
@@ -312,7 +346,8 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
         import first_log_line
         first_log_line.log(engine.train.print_args)
         general = sys.modules["yolov5.utils.general"]
-        print("state:", type(sys.modules["seaborn"]).__name__, type(general.__loader__).__name__)
+        deferred = [type(sys.modules[name]).__name__ for name in ("seaborn", "matplotlib.pyplot", "boto3")]
+        print("state:", *deferred, type(general.__loader__).__name__)
         print("rows:", " ".join(row["name"] for row in patches))
     """))
     env = engine_environment(tmp_path / "engine")
@@ -320,7 +355,7 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
                          capture_output=True, text=True, check=True)  # fmt: skip
     out = run.stdout + run.stderr
     lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:")))
-    assert lines["state"] == "_LazyModule _SourcelessInspectLoader", out
+    assert lines["state"] == "DeferredModule DeferredModule DeferredModule _SourcelessInspectLoader", out
     assert lines["rows"].split() == [p.name for phase in patches.PHASES for p in PATCHES if p.phase == phase]
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # colorstr's colours
     assert "first_log_line: epochs=3" in plain  # yolov5's own format: the caller's file stem, then the arguments

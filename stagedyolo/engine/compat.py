@@ -17,15 +17,19 @@ import sys
 import tempfile
 import types
 
-# yolov5.utils.plots imports seaborn (and through it scipy.stats) at module level, for label plots that stages draw
-# only with `plots: true` and the probe, export and test evaluation never draw: 1.6-1.7 s of every yolov5 process's
-# imports on the 2-core demo machine (python -X importtime). Loaded on first use instead.
-DEFERRED_IMPORTS = ("seaborn",)
+# Modules every yolov5 process imports at module level and a stage uses only in cases it may never reach; each runs
+# on its first use instead. Seconds are cumulative import times on the 2-core demo machine (python -X importtime):
+# - seaborn (and through it scipy.stats), 1.6-1.7 s: yolov5.utils.plots, for label plots drawn only with `plots: true`;
+# - matplotlib.pyplot, 0.4-0.5 s: yolov5.utils.metrics and .plots, for plots likewise (matplotlib itself, which
+#   yolov5 configures at import, loads as before);
+# - requests, 0.24-0.29 s: yolov5.models.common and .utils.downloads, for URLs and downloads a stage never makes;
+# - boto3, 0.45-0.48 s: TensorBoard's file layer, for s3:// log paths.
+DEFERRED_IMPORTS = ("seaborn", "matplotlib.pyplot", "requests", "boto3")
 # yolov5.utils.general reads source lines through inspect twice for a filename: as it is imported, inspect.stack()
 # (to decide whether to replace cv2.imread & co.), and in print_args (train.main's first log line),
-# inspect.getframeinfo. Each search of sys.modules for a frame's module reads every module's __file__, which executes
-# the DEFERRED_IMPORTS (seaborn, scipy.stats). On the 2-core demo machine: imports 8.9 -> 8.1 s, print_args
-# 1.4 -> 0.0 s (benchmarks/results/process_overhead.md).
+# inspect.getframeinfo. On the 2-core demo machine: imports 8.9 -> 8.1 s, print_args 1.4 -> 0.0 s
+# (benchmarks/results/process_overhead.md; most of print_args's 1.4 s was seaborn, which a deferred module no longer
+# executes for such a search: MODULE_IDENTITY).
 SOURCELESS_INSPECT_MODULE = "yolov5.utils.general"
 
 
@@ -34,7 +38,7 @@ def install() -> None:
     numpy_trapz()
     pillow_getsize()
     atomic_torch_save()
-    defer_plot_imports()
+    defer_imports()
     sourceless_inspect()
 
 
@@ -83,7 +87,9 @@ class LoaderWrappingFinder:
         return spec
 
 
-class _SourcelessInspectLoader:
+class WrappedLoader:
+    """A module's real loader, except for exec_module (a subclass's)."""
+
     def __init__(self, loader):
         self.loader = loader
 
@@ -93,6 +99,8 @@ class _SourcelessInspectLoader:
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
+
+class _SourcelessInspectLoader(WrappedLoader):
     def exec_module(self, module):
         stack, inspect.stack = inspect.stack, stack_without_source
         try:
@@ -109,19 +117,43 @@ class SourcelessInspectFinder(LoaderWrappingFinder):
     wrap_loader = _SourcelessInspectLoader
 
 
-def defer_plot_imports() -> None:
+def defer_imports() -> None:
     """Before yolov5 is imported: the DEFERRED_IMPORTS it imports run on their first use (once per process)."""
     if not any(isinstance(finder, DeferredImports) for finder in sys.meta_path):
         sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
 
 
-class DeferredImports(LoaderWrappingFinder):
-    """Gives the modules in ``names`` a lazy loader (importlib's LazyLoader): each is executed on its first attribute
-    access instead of when imported. Installed before yolov5 is imported, it acts only once yolov5 imports them,
-    after torch and torchvision have registered their operators (which inspect every loaded module, and would
-    execute a lazy one: correct, only no longer deferred)."""
+# What a module has before it executes (the import system sets all but __class__): reading these runs none of its
+# code, so a deferred module answers them unexecuted. Every loaded module is read this way: inspect.getmodule reads
+# each one's __file__ and class (torch's and torchvision's operator registrations call it as yolov5 is imported), and
+# importing a module a second time reads its __spec__. importlib's LazyLoader executes on these reads too, so with it
+# requests and pyplot would run at import after all. `__path__` is not among them: importing a package's submodule
+# reads it, and the package's own code must run first.
+MODULE_IDENTITY = frozenset({"__class__", "__name__", "__spec__", "__file__", "__cached__", "__loader__",
+                             "__package__"})  # fmt: skip
 
-    wrap_loader = importlib.util.LazyLoader
+
+class DeferredModule(types.ModuleType):
+    """A module imported but not executed: the first read of anything besides its MODULE_IDENTITY executes it."""
+
+    def __getattribute__(self, attribute):
+        if attribute in MODULE_IDENTITY:
+            return super().__getattribute__(attribute)
+        self.__class__ = types.ModuleType  # a plain module from here on, also while it executes
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, attribute)
+
+
+class _DeferringLoader(WrappedLoader):
+    def exec_module(self, module):
+        module.__spec__.loader = module.__loader__ = self.loader  # it executes the module, on first use
+        module.__class__ = DeferredModule
+
+
+class DeferredImports(LoaderWrappingFinder):
+    """Imports the modules in ``names`` as DeferredModules: each is executed on first use instead of when imported."""
+
+    wrap_loader = _DeferringLoader
 
 
 def skip_exit_collection() -> None:

@@ -290,14 +290,16 @@ PATCHES: tuple[Patch, ...] = (
           "a kill mid-save must leave the previous complete checkpoint, never a torn one", "always",
           "no fsync: it cost ~0.5 s per save on this CPU, two saves an epoch", lambda ctx: compat.atomic_torch_save(),
           phase="process"),
-    Patch("deferred_plot_imports", "seaborn (imported by yolov5.utils.plots at module level)",
-          "yolov5 imports seaborn and scipy.stats for plots a stage draws only with `plots: true`",
-          "always (with plots on, seaborn loads when the first plot is drawn)",
-          "torch + yolov5 train/val/export imports 10.3 -> 9.0 s, median of 5 alternating runs, 2-core CPU",
-          lambda ctx: compat.defer_plot_imports(), phase="process"),
+    Patch("deferred_imports", "seaborn, matplotlib.pyplot, requests, boto3 (imported by yolov5 and TensorBoard)",
+          "imported at module level for plots a stage draws only with `plots: true`, URLs it never opens and s3:// "
+          "log paths; each executes on its first use instead",
+          "always (with plots on, seaborn and pyplot load when the first plot is drawn; a stage's train.py imports "
+          "roboflow, which executes requests)",
+          "torch + yolov5 train/val/export imports 10.3 -> 9.0 s (seaborn alone, median of 5 alternating runs, 2-core "
+          "CPU); pyplot and boto3 besides: benchmarks/results/engine_imports.md",
+          lambda ctx: compat.defer_imports(), phase="process"),
     Patch("sourceless_inspect", "inspect as yolov5.utils.general uses it (import-time stack(), print_args)",
-          "both read source lines for a filename; their search of sys.modules for a frame's module also executes "
-          "every deferred import (seaborn), at train.main's first log line",
+          "both read source lines for a filename, and print_args is train.main's first log line",
           "always (the same filenames, lines and function names: the same cv2.imread decision and log line)",
           "torch + yolov5 train.py imports 8.93 -> 8.09 s and train.main's print_args 1.38 -> 0.00 s, medians of 5 "
           "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)",
