@@ -295,8 +295,9 @@ PATCHES: tuple[Patch, ...] = (
           "log paths; each executes on its first use instead",
           "always (with plots on, seaborn and pyplot load when the first plot is drawn; a stage's train.py imports "
           "roboflow, which executes requests)",
-          "torch + yolov5 train/val/export imports 10.3 -> 9.0 s (seaborn alone, median of 5 alternating runs, 2-core "
-          "CPU); pyplot and boto3 besides: benchmarks/results/engine_imports.md",
+          "seaborn alone: torch + yolov5 train/val/export imports 10.3 -> 9.0 s; pyplot and boto3 too: a stage's "
+          "engine imports 7.58 -> 6.91 s (medians of 5 alternating processes, 2-core CPU, "
+          "benchmarks/results/engine_imports.md)",
           lambda ctx: compat.defer_imports(), phase="process"),
     Patch("sourceless_inspect", "inspect as yolov5.utils.general uses it (import-time stack(), print_args)",
           "both read source lines for a filename, and print_args is train.main's first log line",
