@@ -113,8 +113,8 @@ def _finding(code, evidence, change, why, also=(), addressable_share=None, key_m
     if key_metric is None:  # the first piece of evidence that crossed its threshold
         key_metric = next((k for k, v in evidence.items() if isinstance(v, dict) and v.get("op") in ("<", ">")), None)
     return {"code": code, "class": cls, "title": title, "key_metric": key_metric, "evidence": evidence,
-            "change": change,
-            "also": list(also), "why": why,
+            "change": change, "trade_off": trade_off_of(change),
+            "also": [a + (" (changes what is trained)" if trade_off_of(a) else "") for a in also], "why": why,
             "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
             "expected_gain": gain or _gain(basis="no speed estimate"),
             "candidate": candidate_of(change) if candidate == "from change" else candidate,
@@ -203,10 +203,28 @@ _NO_OOM_GAIN = {"speedup": None, "saves_share": None, "basis": "avoids running o
 TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
 
 
+# Settings whose change alters what is trained, not only how fast: a finding may still advise one (for full memory
+# or a saturated loader it is the lever left), but says what it costs, and tune never tries it (not trialable).
+TRAINING_TRADE_OFFS = {
+    "img": "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it",
+}
+
+
+def _setting(change: str) -> tuple[str, str, str]:
+    """``stages.S.workers: 8`` -> ("stages.S.workers", "workers", "8")."""
+    head, _, value = change.partition(": ")
+    return head, head.rsplit(".", 1)[-1], value
+
+
+def trade_off_of(change: str) -> str | None:
+    """What ``change`` costs besides speed (TRAINING_TRADE_OFFS), or None."""
+    head, key, _value = _setting(change)
+    return TRAINING_TRADE_OFFS.get(key) if head.startswith("stages.") else None
+
+
 def candidate_of(change: str) -> dict | None:
     """``stages.S.workers: 8`` -> {"workers": 8} when a tune trial can measure it, else None."""
-    head, _, value = change.partition(": ")
-    key = head.rsplit(".", 1)[-1]
+    head, key, value = _setting(change)
     if not head.startswith("stages.") or key not in TRIALABLE_KEYS or not value:
         return None
     value = value.split()[0]
@@ -506,7 +524,8 @@ def verdict_line(stage, findings) -> str:
     if isinstance(ev, dict) and ev.get("value") is not None and ev.get("threshold") is not None:
         evs = f" ({key} {ev['value']:.3g} {ev['op']} {ev['threshold']:g})"
     more = f"; +{len(findings) - 1} more" if len(findings) > 1 else ""
-    return f"[{stage}] bottleneck: {f['title']}{evs} -> {f['change']} ({_verification(f)}){more}"
+    cost = "; changes what is trained" if f.get("trade_off") else ""
+    return f"[{stage}] bottleneck: {f['title']}{evs} -> {f['change']} ({_verification(f)}{cost}){more}"
 
 
 def _verification(f) -> str:
@@ -551,7 +570,8 @@ def diagnosis_markdown(findings) -> str:
     lines = [f"# Diagnosis: {d['stage']}", "", d["verdict"], ""]
     for i, f in enumerate(d["findings"], 1):
         lines += [f"## {i}. {f['title']} (`{f['code']}`)", "", f"**Change:** `{f['change']}` ({_verification(f)})",
-                  "", f"Expected gain: {gain_text(f)}", ""]
+                  ""] + ([f"Trade-off: {f['trade_off']}", ""] if f.get("trade_off") else []) + [
+                  f"Expected gain: {gain_text(f)}", ""]
         for a in f["also"]:
             lines.append(f"- also: `{a}`")
         if f["also"]:

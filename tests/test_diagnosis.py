@@ -4,7 +4,8 @@ import copy
 import json
 
 
-from stagedyolo.diagnosis import THRESHOLDS, diagnose, thresholds_markdown, verdict_line, write_diagnosis
+from stagedyolo.diagnosis import (THRESHOLDS, diagnose, diagnosis_markdown, thresholds_markdown, verdict_line,
+                                  write_diagnosis)
 from stagedyolo.telemetry.summary import validate_timing
 
 
@@ -75,6 +76,18 @@ def test_data_loading_bound_busy_cpus_cache():
     assert f[0]["code"] == "data_loading_bound" and f[0]["change"] == "stages.fine.cache: ram"
     f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, avail=4000.0))
     assert f[0]["change"] == "stages.fine.cache: disk"
+
+
+def test_an_image_size_change_says_it_changes_what_is_trained_and_a_loader_change_does_not():
+    """Busy CPUs with images already cached leave the image size as the loader's lever: advised, with its cost on
+    accuracy in the finding, the log line and diagnosis.md; never tried by tune. More workers costs nothing."""
+    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, cache="ram"))
+    assert f[0]["change"] == "stages.fine.img: 480" and "mAP" in f[0]["trade_off"] and f[0]["candidate"] is None
+    assert "changes what is trained" in verdict_line("fine", f)
+    assert "Trade-off: trains and detects at a lower resolution" in diagnosis_markdown(f)
+    loader = diagnose(timing(util=35.0, dws=0.30, cpu_util=40.0, cores=16, workers=4))
+    assert loader[0]["trade_off"] is None and "changes what is trained" not in verdict_line("fine", loader)
+    assert "Trade-off" not in diagnosis_markdown(loader)
 
 
 def test_low_util_without_a_measurement_is_host_bound_not_batch_too_small():
