@@ -169,3 +169,13 @@ def test_the_report_shows_the_test_split_table(two_stages, tmp_path):
     none.write_text(json.dumps({"test_split": None, "reason": "data.yaml has no test: split"}))
     paths = build_report(dirs, tmp_path / "report2", test_metrics=none)
     assert "No test-split score: data.yaml has no test: split." in paths["table_md"].read_text()
+
+
+def test_a_finding_that_changes_what_is_trained_says_so_in_the_report():
+    from stagedyolo.report import _diagnoses_md
+
+    finding = {"title": "Data-loading bound", "change": "stages.s.img: 96", "why": "CPUs are saturated",
+               "trade_off": "trains and detects at a lower resolution", "also": []}
+    plain = {**finding, "change": "stages.s.workers: 4", "trade_off": None}
+    md = _diagnoses_md([{"name": "s", "diagnosis": {"verdict": "v", "findings": [finding, plain]}}])
+    assert md.count("trade-off:") == 1 and "  - trade-off: trains and detects at a lower resolution" in md
