@@ -114,7 +114,7 @@ def _finding(code, evidence, change, why, also=(), addressable_share=None, key_m
         key_metric = next((k for k, v in evidence.items() if isinstance(v, dict) and v.get("op") in ("<", ">")), None)
     return {"code": code, "class": cls, "title": title, "key_metric": key_metric, "evidence": evidence,
             "change": change, "trade_off": trade_off_of(change),
-            "also": [a + (" (changes what is trained)" if trade_off_of(a) else "") for a in also], "why": why,
+            "also": [_with_trade_off(a) for a in also], "why": why,
             "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
             "expected_gain": gain or _gain(basis="no speed estimate"),
             "candidate": candidate_of(change) if candidate == "from change" else candidate,
@@ -203,10 +203,14 @@ _NO_OOM_GAIN = {"speedup": None, "saves_share": None, "basis": "avoids running o
 TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
 
 
-# Settings whose change alters what is trained, not only how fast: a finding may still advise one (for full memory
-# or a saturated loader it is the lever left), but says what it costs, and tune never tries it (not trialable).
-TRAINING_TRADE_OFFS = {
-    "img": "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it",
+# Changes that cost something besides speed: a finding may still advise one (for full memory or a saturated loader
+# a smaller image is the lever left; for checkpoint stalls, nosave), but says what it costs, in a few words for the
+# verdict line and in full for diagnosis.md and the report. tune tries neither (not trialable).
+TRADE_OFFS = {
+    "img": ("changes what is trained",
+            "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it"),
+    "nosave": ("no resume mid-stage",
+               "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming"),
 }
 
 
@@ -216,10 +220,19 @@ def _setting(change: str) -> tuple[str, str, str]:
     return head, head.rsplit(".", 1)[-1], value
 
 
-def trade_off_of(change: str) -> str | None:
-    """What ``change`` costs besides speed (TRAINING_TRADE_OFFS), or None."""
+def trade_off_of(change: str) -> dict | None:
+    """What ``change`` costs besides speed, {"summary", "detail"} (TRADE_OFFS), or None."""
     head, key, _value = _setting(change)
-    return TRAINING_TRADE_OFFS.get(key) if head.startswith("stages.") else None
+    if not head.startswith("stages.") or key not in TRADE_OFFS:
+        return None
+    summary, detail = TRADE_OFFS[key]
+    return {"summary": summary, "detail": detail}
+
+
+def _with_trade_off(change: str) -> str:
+    """``change``, followed by its trade-off's summary in brackets when it has one."""
+    trade_off = trade_off_of(change)
+    return f"{change} ({trade_off['summary']})" if trade_off else change
 
 
 def candidate_of(change: str) -> dict | None:
@@ -328,8 +341,7 @@ def _periodic_stalls(found, skipped, stage, t, tot, loop):
             f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
             "on (the one save at the end remains)")})
     if "checkpoint" in over:
-        changes["checkpoint"] = (f"stages.{stage}.nosave: true  (only last.pt, at the end: a stage killed "
-                                 "mid-way then restarts instead of resuming)")
+        changes["checkpoint"] = f"stages.{stage}.nosave: true"
     if "logging" in over:
         changes["logging"] = (f"stages.{stage}.plots: false" if cfg.get("plots") is not False else
                               "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml "
@@ -524,7 +536,7 @@ def verdict_line(stage, findings) -> str:
     if isinstance(ev, dict) and ev.get("value") is not None and ev.get("threshold") is not None:
         evs = f" ({key} {ev['value']:.3g} {ev['op']} {ev['threshold']:g})"
     more = f"; +{len(findings) - 1} more" if len(findings) > 1 else ""
-    cost = "; changes what is trained" if f.get("trade_off") else ""
+    cost = f"; {f['trade_off']['summary']}" if f.get("trade_off") else ""
     return f"[{stage}] bottleneck: {f['title']}{evs} -> {f['change']} ({_verification(f)}{cost}){more}"
 
 
@@ -570,7 +582,7 @@ def diagnosis_markdown(findings) -> str:
     lines = [f"# Diagnosis: {d['stage']}", "", d["verdict"], ""]
     for i, f in enumerate(d["findings"], 1):
         lines += [f"## {i}. {f['title']} (`{f['code']}`)", "", f"**Change:** `{f['change']}` ({_verification(f)})",
-                  ""] + ([f"Trade-off: {f['trade_off']}", ""] if f.get("trade_off") else []) + [
+                  ""] + ([f"Trade-off: {f['trade_off']['detail']}", ""] if f.get("trade_off") else []) + [
                   f"Expected gain: {gain_text(f)}", ""]
         for a in f["also"]:
             lines.append(f"- also: `{a}`")

@@ -285,7 +285,7 @@ def _diagnoses_md(stages) -> str:
         out += [d.get("verdict", ""), ""]
         for f in d.get("findings", []):
             out.append(f"- **{f['title']}**: `{f['change']}` ({f.get('why', '')})")
-            out += [f"  - trade-off: {f['trade_off']}"] if f.get("trade_off") else []
+            out += [f"  - trade-off: {f['trade_off']['detail']}"] if f.get("trade_off") else []
             out += [f"  - also: `{a}`" for a in f.get("also", [])]
         for n in d.get("not_evaluated", []):
             out.append(f"- not evaluated `{n['code']}`: {n['reason']}")
@@ -319,7 +319,7 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
     diag_html = "".join(
         f"<h3>{s['name']}</h3><p>{(s['diagnosis'] or {}).get('verdict', 'no diagnosis')}</p><ul>"
         + "".join(f"<li><b>{f['title']}</b>: <code>{f['change']}</code> ({f.get('why', '')})"
-                  + (f"; trade-off: {f['trade_off']}" if f.get("trade_off") else "") + "</li>"
+                  + (f"; trade-off: {f['trade_off']['detail']}" if f.get("trade_off") else "") + "</li>"
                   for f in (s["diagnosis"] or {}).get("findings", [])) + "</ul>" for s in stages)
     paths["table_html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"

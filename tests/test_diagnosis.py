@@ -80,14 +80,19 @@ def test_data_loading_bound_busy_cpus_cache():
 
 def test_an_image_size_change_says_it_changes_what_is_trained_and_a_loader_change_does_not():
     """Busy CPUs with images already cached leave the image size as the loader's lever: advised, with its cost on
-    accuracy in the finding, the log line and diagnosis.md; never tried by tune. More workers costs nothing."""
+    accuracy in the finding, the log line and diagnosis.md; never tried by tune. More workers costs nothing. nosave's
+    advice is the exact config line, its cost (no resume mid-stage) beside it."""
     f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, cache="ram"))
-    assert f[0]["change"] == "stages.fine.img: 480" and "mAP" in f[0]["trade_off"] and f[0]["candidate"] is None
+    assert f[0]["change"] == "stages.fine.img: 480" and f[0]["candidate"] is None
+    assert f[0]["trade_off"]["summary"] == "changes what is trained" and "mAP" in f[0]["trade_off"]["detail"]
     assert "changes what is trained" in verdict_line("fine", f)
     assert "Trade-off: trains and detects at a lower resolution" in diagnosis_markdown(f)
     loader = diagnose(timing(util=35.0, dws=0.30, cpu_util=40.0, cores=16, workers=4))
     assert loader[0]["trade_off"] is None and "changes what is trained" not in verdict_line("fine", loader)
     assert "Trade-off" not in diagnosis_markdown(loader)
+    stalls = diagnose(timing(epochs=[ep(i, train=10.0, ckpt=2.0) for i in range(5)]))
+    nosave = next(x for x in stalls if "nosave" in x["change"])
+    assert nosave["change"] == "stages.fine.nosave: true" and nosave["trade_off"]["summary"] == "no resume mid-stage"
 
 
 def test_low_util_without_a_measurement_is_host_bound_not_batch_too_small():

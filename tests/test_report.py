@@ -175,7 +175,8 @@ def test_a_finding_that_changes_what_is_trained_says_so_in_the_report():
     from stagedyolo.report import _diagnoses_md
 
     finding = {"title": "Data-loading bound", "change": "stages.s.img: 96", "why": "CPUs are saturated",
-               "trade_off": "trains and detects at a lower resolution", "also": []}
+               "also": [], "trade_off": {"summary": "changes what is trained",
+                                         "detail": "trains and detects at a lower resolution"}}
     plain = {**finding, "change": "stages.s.workers: 4", "trade_off": None}
     md = _diagnoses_md([{"name": "s", "diagnosis": {"verdict": "v", "findings": [finding, plain]}}])
     assert md.count("trade-off:") == 1 and "  - trade-off: trains and detects at a lower resolution" in md
