@@ -22,7 +22,8 @@ import types
 # - seaborn (and through it scipy.stats), 1.6-1.7 s: yolov5.utils.plots, for label plots drawn only with `plots: true`;
 # - matplotlib.pyplot, 0.4-0.5 s: yolov5.utils.metrics and .plots, for plots likewise (matplotlib itself, which
 #   yolov5 configures at import, loads as before);
-# - requests, 0.24-0.29 s: yolov5.models.common and .utils.downloads, for URLs and downloads a stage never makes;
+# - requests, 0.24-0.29 s: yolov5.models.common and .utils.downloads, for URLs and downloads none of them makes (a
+#   stage executes it all the same: train.py imports roboflow, which imports requests.exceptions);
 # - boto3, 0.45-0.48 s: TensorBoard's file layer, for s3:// log paths.
 DEFERRED_IMPORTS = ("seaborn", "matplotlib.pyplot", "requests", "boto3")
 # yolov5.utils.general reads source lines through inspect twice for a filename: as it is imported, inspect.stack()
