@@ -207,6 +207,34 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     assert skip_reason(next(p for p in PATCHES if p.name == "amp_bf16"), fp16) is not None  # fp16: yolov5's source
 
 
+def test_step_engine_gives_the_probe_the_step_rows_a_stage_of_that_engine_gets(monkeypatch):
+    """The pieces of a training step the probe uses carry exactly the speed rows a stage of the same engine would:
+    on CPU in fast mode the fused optimizer and the foreach EMA; on CUDA also cuDNN autotuning (through init_seeds,
+    as train.py calls it) and channels_last (through check_amp, once the model is built); none in reproducible mode
+    or where engine.skip_patches names a row."""
+    from stagedyolo.engine.patches import step_engine
+
+    fast = {"mode": "fast", "compile": False, "skip_patches": []}
+    pieces, report = step_engine(fast, "AdamW", "cpu", torch)
+    assert [r["name"] for r in report if r["applied"]] == ["foreach_ema", "fused_optimizer"]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    assert pieces.smart_optimizer(model, "AdamW", 0.01, 0.9, 0.0).defaults["fused"] is True
+    from yolov5.utils.torch_utils import ModelEMA
+
+    assert pieces.ModelEMA is not ModelEMA and issubclass(pieces.ModelEMA, ModelEMA)  # the foreach update
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    pieces, report = step_engine({**fast, "skip_patches": ["fused_optimizer"]}, "AdamW", "", torch)  # '' = CUDA
+    assert [r["name"] for r in report if r["applied"]] == ["nondeterministic", "channels_last", "foreach_ema"]
+    pieces.init_seeds(0, deterministic=True)
+    assert torch.backends.cudnn.benchmark is True and not torch.are_deterministic_algorithms_enabled()
+    pieces.check_amp(model)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+    _pieces, report = step_engine({**fast, "mode": "reproducible"}, "AdamW", "", torch)
+    assert not any(r["applied"] for r in report)
+
+
 def test_a_deferred_import_runs_its_module_on_first_use_not_on_import(tmp_path, monkeypatch):
     import importlib
 

@@ -131,6 +131,8 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     measured_groups = tuning["measurements"]["stages"]
     assert len(measured_groups) == (2 if chosen_batch == 4 else 3)  # a and c train alike when the choice is 4
 
+    # Every run times the step the stages run: the fast engine's step rows that apply on CPU.
+    assert all(r["engine_rows"] == ["foreach_ema", "fused_optimizer"] for r in model_runs + measured_groups)
     assert all(r["amp"] is False for r in model_runs)  # AMP needs CUDA
     assert tuning["amp_verdict"]["amp"] is False and "CPU" in tuning["amp_verdict"]["reason"]
     assert all(r["peak_memory_bytes"] is None and r["peak_memory_reason"] for r in model_runs)

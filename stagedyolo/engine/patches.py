@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable
 
 from stagedyolo.engine import compat
@@ -370,6 +371,11 @@ PATCHES: tuple[Patch, ...] = (
 
 PHASES = ("process", "source", "module")
 SKIPPABLE = tuple(p.name for p in PATCHES if p.fast_only)
+# The rows that change how fast a training step runs (cuDNN's kernel choice, the model's memory format, the optimizer
+# step, the EMA update). The probe applies them to its own steps (step_engine), so that what it times is the step the
+# stage will run. Not `compile`: compiling takes minutes, longer than the probe's whole budget, so the probe times the
+# uncompiled step and says so.
+STEP_ROWS = ("nondeterministic", "channels_last", "foreach_ema", "fused_optimizer")
 
 
 def engine_settings(plan: dict) -> dict:
@@ -397,12 +403,31 @@ def apply_patches(ctx: EngineContext, phases: tuple[str, ...] = PHASES) -> list[
     for phase in phases:
         if phase == "module":
             ctx.train = load_train(ctx.source_edits, ctx.module_names)
-        for patch in (p for p in PATCHES if p.phase == phase):
-            reason = skip_reason(patch, ctx)
-            if reason is None:
-                patch.apply(ctx)
-            report.append({"name": patch.name, "applied": reason is None, "reason": reason or patch.guard})
+        report += [apply_row(patch, ctx) for patch in PATCHES if patch.phase == phase]
     return report
+
+
+def apply_row(patch: Patch, ctx: EngineContext) -> dict:
+    """Apply one row where its guard holds; its record {name, applied, reason}."""
+    reason = skip_reason(patch, ctx)
+    if reason is None:
+        patch.apply(ctx)
+    return {"name": patch.name, "applied": reason is None, "reason": reason or patch.guard}
+
+
+def step_engine(engine: dict, optimizer: str, device: str, torch) -> tuple[SimpleNamespace, list[dict]]:
+    """yolov5's pieces of a training step (init_seeds, check_amp, smart_optimizer, ModelEMA) with the STEP_ROWS that
+    apply to a stage of ``engine`` (a plan's `engine` entry) and ``optimizer`` on ``device``, for a process that
+    runs training steps without train.py's loop (the probe). Call init_seeds and check_amp(model) as train.py does.
+    Returns the pieces and the rows' report, as apply_patches does."""
+    from yolov5.utils.general import init_seeds
+    from yolov5.utils.torch_utils import ModelEMA, smart_optimizer
+
+    pieces = SimpleNamespace(init_seeds=init_seeds, check_amp=lambda model: None, smart_optimizer=smart_optimizer,
+                             ModelEMA=ModelEMA)  # fmt: skip
+    ctx = EngineContext({"engine": engine, "optimizer": optimizer}, device, False, None, torch=torch, train=pieces,
+                        **engine_settings({"engine": engine}))  # fmt: skip
+    return pieces, [apply_row(patch, ctx) for patch in PATCHES if patch.name in STEP_ROWS]
 
 
 def compile_seconds(torch) -> dict:

@@ -142,7 +142,7 @@ def probe_batches(config: dict) -> list[int]:
 
 
 # The stage keys a stage's speed depends on: what the probe predicts each stage's images/s from.
-SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "lr0", "hyp")
+SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "lr0", "hyp", "engine")
 
 
 def probe_stage_specs(config: dict) -> dict:

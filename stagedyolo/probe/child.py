@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stagedyolo.engine import compat
 from stagedyolo.engine.amp import AMP_MIN_STEPS
+from stagedyolo.engine.patches import step_engine
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
@@ -57,6 +58,9 @@ def main(request_path: str) -> int:
     cuda = resolve_device(request["device_setting"], torch.cuda.is_available()) != "cpu"
     device = torch.device(_torch_device(request["device_setting"]) if cuda else "cpu")
     model = build_model(request, device)
+    engines = StepEngines(request, "" if cuda else "cpu", torch)
+    model_engine = engines.prepare(model, request.get("engine"))  # the model runs' (the first stage's)
+    model.probe_optimizer = model_engine["optimizer"]
     stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
     torch.set_num_threads(min(request["thread_counts"]))
@@ -67,8 +71,10 @@ def main(request_path: str) -> int:
 
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     bf16 = torch.cuda.is_bf16_supported() if cuda else None
-    measured = measure_all(request, model, create_dataloader, stride, device, cuda=cuda, bf16_supported=bf16,
+    measured = measure_all(request, model, create_dataloader, stride, device, engines, cuda=cuda, bf16_supported=bf16,
                            gpu_total_memory_bytes=total)  # fmt: skip
+    for run in measured["model"]:
+        run["engine_rows"] = model_engine["rows"]
     result = {
         "cuda": cuda,
         **measured,
@@ -84,7 +90,7 @@ def main(request_path: str) -> int:
     return 0
 
 
-def measure_all(request: dict, model, create_dataloader, stride: int, device, *, cuda: bool,
+def measure_all(request: dict, model, create_dataloader, stride: int, device, engines, *, cuda: bool,
                 bf16_supported: bool | None, gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
     """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
     runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
@@ -96,7 +102,8 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
                              request.get("planned_train_images") or 0)  # fmt: skip
     model_runs, stage_runs, warm = [], [], WarmShapes()
     for run in model_plan:
-        warmup_steps = warm.steps(request["img"], run["batch"], run["amp"] and cuda and "float16")
+        autocast_dtype = run["amp"] and cuda and "float16"
+        warmup_steps = warm.steps(request["img"], run["batch"], autocast_dtype, request.get("engine"))
         model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warmup_steps))
         budget.note_rate(model_runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
     ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
@@ -104,8 +111,9 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
                    for run in loader_plan]  # fmt: skip
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
-        warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"])
-        stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device,
+        warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"],
+                                  group["engine"])  # fmt: skip
+        stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device, engines,
                                             budget.next_deadline(), warmup_steps))  # fmt: skip
         budget.note_rate(stage_runs[-1]["images_per_s"])
     return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
@@ -113,13 +121,14 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, *,
 
 
 class WarmShapes:
-    """The step shapes this process has run, and so how many untimed model steps a run at a shape needs."""
+    """The step shapes this process has run, and so how many untimed model steps a run at a shape needs. A shape
+    includes the engine, whose rows choose the kernels (cuDNN autotuning, memory format)."""
 
     def __init__(self):
         self.run: set[tuple] = set()
 
-    def steps(self, img: int, batch: int, autocast_dtype: str | bool | None) -> int:
-        shape = (img, batch, autocast_dtype or None)
+    def steps(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
+        shape = (img, batch, autocast_dtype or None, json.dumps(engine or {}, sort_keys=True))
         if shape in self.run:
             return SEEN_SHAPE_WARMUP_STEPS
         self.run.add(shape)
@@ -190,8 +199,32 @@ def build_model(request: dict, device):
     _freeze(model, request["freeze"])
     model.nc, model.hyp, model.gr = request["nc"], hyp, 1.0  # what train.py attaches before ComputeLoss
     model.train()
-    model.probe_optimizer = _optimizer(model, request)
     return model
+
+
+class StepEngines:
+    """The stage engine's pieces of a training step (stagedyolo.engine.patches.step_engine: the rows that change a
+    step's speed, such as the fused optimizer, the foreach EMA and, on CUDA, cuDNN autotuning and channels_last),
+    made once per distinct engine setting, so that the probe times the step each stage will run."""
+
+    def __init__(self, request: dict, device: str, torch):
+        self.request, self.device, self.torch, self.made = request, device, torch, {}
+
+    def prepare(self, model, engine: dict | None) -> dict:
+        """Set the process and ``model`` up as a stage of ``engine`` runs them, from torch's and yolov5's defaults
+        (the last run may have had another engine), and return {optimizer, ema_class, rows}: rows applied."""
+        key = json.dumps(engine or {}, sort_keys=True)
+        if key not in self.made:
+            self.made[key] = step_engine(engine or {}, self.request["optimizer"], self.device, self.torch)
+        pieces, report = self.made[key]
+        torch = self.torch
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, False
+        pieces.init_seeds(0, deterministic=True)  # as train.py calls it; a fast engine's row makes it nondeterministic
+        model.to(memory_format=torch.contiguous_format)
+        pieces.check_amp(model)  # where train.py lets the rows change the built model (channels_last)
+        return {"optimizer": _optimizer(pieces.smart_optimizer, model, self.request),
+                "ema_class": pieces.ModelEMA, "rows": [row["name"] for row in report if row["applied"]]}
 
 
 def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0,
@@ -262,7 +295,7 @@ def measure_model(model, request: dict, batch: int, amp: bool, device, deadline:
     }
 
 
-def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device,
+def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device, engines,
                       deadline: float | None, warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
     """One stage's steady images/s, end to end: yolov5's loader with the workers the stage will run, feeding
     training steps at the stage's image size, freeze, batch, AMP and nominal batch (accumulation, EMA), in one
@@ -270,11 +303,11 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     """
     import torch
     from yolov5.utils.loss import ComputeLoss
-    from yolov5.utils.torch_utils import ModelEMA
 
     torch.set_num_threads(group["torch_threads"])
     _freeze(model, group["freeze"])
-    optimizer = _optimizer(model, request)
+    engine = engines.prepare(model, group["engine"])
+    optimizer = engine["optimizer"]
     loader, _dataset = create_dataloader(
         request["data_list"], group["img"], group["batch"], stride, hyp=group["hyp"], augment=True,
         cache=request["cache"], rect=False, rank=-1, workers=group["workers"], shuffle=True, prefix="probe: ", seed=0,
@@ -283,7 +316,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if group["amp_dtype"] == "bfloat16" else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=group["amp"] and cuda)
-    compute_loss, ema = ComputeLoss(model), ModelEMA(model)
+    compute_loss, ema = ComputeLoss(model), engine["ema_class"](model)
     accumulate = max(round(group["nominal_batch"] / group["batch"]), 1)  # train.py's optimizer step every N batches
     count = [0]
 
@@ -313,7 +346,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     print(f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, "
           f"batch {group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s",
           flush=True)  # fmt: skip
-    return {**{k: v for k, v in group.items() if k != "hyp"}, **measured}
+    return {**{k: v for k, v in group.items() if k != "hyp"}, **measured, "engine_rows": engine["rows"]}
 
 
 def _freeze(model, layers: int) -> None:
@@ -322,9 +355,7 @@ def _freeze(model, layers: int) -> None:
         parameter.requires_grad = not any(prefix in name for prefix in frozen)
 
 
-def _optimizer(model, request: dict):
-    from yolov5.utils.torch_utils import smart_optimizer
-
+def _optimizer(smart_optimizer, model, request: dict):
     hyp = request["hyp"]
     return smart_optimizer(model, request["optimizer"], hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
 

@@ -122,6 +122,8 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
         "budget_s": float(settings["budget_s"]),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
         "stages": {name: _stage_request(spec) for name, spec in stages.items()},
+        # The model runs time the step of the first stage's engine (stages share engine.mode unless one overrides it).
+        "engine": next((spec.get("engine") or {} for spec in stages.values()), {}),
         "threads": int(threads),
         "device_setting": str(device),
         "weights": str(Path(weights[0]).resolve()) if weights else "",
@@ -140,6 +142,7 @@ def _stage_request(spec: dict) -> dict:
         **{key: spec[key] for key in ("img", "freeze", "batch", "workers", "amp", "gpus")},
         "nominal_batch": spec.get("nominal_batch") or YOLOV5_NOMINAL_BATCH,
         "hyp": stage_hyp(spec["lr0"], spec.get("hyp") or {}),
+        "engine": spec.get("engine") or {},  # mode, compile, skipped rows: the step the stage runs
     }
 
 
@@ -208,6 +211,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
     ]
+    if any(spec["engine"].get("compile") for spec in request["stages"].values()):
+        notes.append("engine.compile: the probe times the uncompiled step (compiling takes longer than its budget)")
     if sorted(request["batches"]) != sorted(settings["batch"]):
         notes.append(f"model timed at batch {request['batches']} only: no stage leaves batch at auto, so the other "
                      f"candidates {settings['batch']} could not be chosen")  # fmt: skip

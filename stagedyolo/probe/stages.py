@@ -29,6 +29,7 @@ def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_s
         "amp_dtype": amp["dtype"],
         "nominal_batch": int(spec["nominal_batch"]),
         "hyp": spec["hyp"],
+        "engine": spec.get("engine") or {},
     }
 
 
