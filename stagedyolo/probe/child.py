@@ -128,7 +128,7 @@ class WarmShapes:
         self.run: set[tuple] = set()
 
     def steps(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
-        shape = (img, batch, autocast_dtype or None, json.dumps(engine or {}, sort_keys=True))
+        shape = (img, batch, autocast_dtype or None, engine_key(engine))
         if shape in self.run:
             return SEEN_SHAPE_WARMUP_STEPS
         self.run.add(shape)
@@ -202,6 +202,11 @@ def build_model(request: dict, device):
     return model
 
 
+def engine_key(engine: dict | None) -> str:
+    """A stage's engine setting (mode, compile, skipped rows) as one comparable value."""
+    return json.dumps(engine or {}, sort_keys=True)
+
+
 class StepEngines:
     """The stage engine's pieces of a training step (stagedyolo.engine.patches.step_engine: the rows that change a
     step's speed, such as the fused optimizer, the foreach EMA and, on CUDA, cuDNN autotuning and channels_last),
@@ -213,7 +218,7 @@ class StepEngines:
     def prepare(self, model, engine: dict | None) -> dict:
         """Set the process and ``model`` up as a stage of ``engine`` runs them, from torch's and yolov5's defaults
         (the last run may have had another engine), and return {optimizer, ema_class, rows}: rows applied."""
-        key = json.dumps(engine or {}, sort_keys=True)
+        key = engine_key(engine)
         if key not in self.made:
             self.made[key] = step_engine(engine or {}, self.request["optimizer"], self.device, self.torch)
         pieces, report = self.made[key]
