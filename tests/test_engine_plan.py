@@ -9,6 +9,7 @@ from stagedyolo.engine.plan import (
     probe_needed,
     stage_hyp,
     stage_spec,
+    worker_candidates,
 )
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
@@ -44,6 +45,14 @@ def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monk
     monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 2)
     assert cpu_budget(threads, workers, probe) == expected
     assert cpu_budget(64, 1, None) == (1, 1)  # capped at the machine's 2 cores
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"), [(1, [0, 1]), (2, [0, 1, 2]), (4, [0, 1, 2, 3]), (8, [0, 2, 4, 6]), (16, [0, 4, 8, 12])]
+)
+def test_auto_worker_candidates_spread_over_the_cores(cores, expected):
+    assert worker_candidates("auto", cores) == expected
+    assert worker_candidates([2, 0, 2], cores) == [0, 2]  # a list is taken as it is, once each
 
 
 def test_the_probe_runs_only_when_enabled_and_some_stage_leaves_a_probed_key_at_auto():

@@ -9,6 +9,7 @@ import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
+from stagedyolo.probe.rule import plan_request
 from stagedyolo.engine.plan import probe_stage_specs
 from stagedyolo.probe.child import (MODEL_WARMUP_STEPS, PREFETCH_PER_WORKER, SEEN_SHAPE_WARMUP_STEPS, WarmShapes,
                                     model_runs_for)
@@ -158,6 +159,19 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     first_image = Path(Path(request["data_list"]).read_text().split()[0])
     first_image.write_bytes(first_image.read_bytes() + b"\0")  # this test's own image: a changed file
     assert reuse_key(request, []) != key
+
+
+def test_auto_workers_are_measured_at_the_cores_the_probe_may_use(tmp_path, monkeypatch):
+    """On the 16-core H200 box a fixed [0, 1, 2] could not find the 8-12 workers a 640-px mosaic load needed."""
+    monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 16)
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 4, 2, image_size=64))
+    plan = dict(cache_mode="ram", weights=[], stage_defaults=CONFIG["stage_defaults"], cfg="yolov5n.yaml", device="",
+                img=64, work=tmp_path)  # fmt: skip
+    request = plan_request(str(data), settings={**CONFIG["probe"], "workers": "auto"}, threads=16, **plan)
+    runs = [(r["workers"], r["torch_threads"]) for r in request["loader_runs"]]
+    assert runs == [(0, 16), (4, 12), (8, 8), (12, 4)]  # each candidate leaves compute the rest of the 16 cores
+    granted_8 = plan_request(str(data), settings={**CONFIG["probe"], "workers": "auto"}, threads=8, **plan)
+    assert [r["workers"] for r in granted_8["loader_runs"]] == [0, 2, 4, 6]  # --cores 8: a quarter, half, 3/4 of 8
 
 
 def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_thread_count():

@@ -13,7 +13,7 @@ import yaml
 
 from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, stage_hyp
+from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, stage_hyp, worker_candidates
 from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
@@ -97,7 +97,8 @@ def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: di
     child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
     the candidates and the child expands them into model runs (model_runs_for)."""
     cores = cpu_budget(threads, 0)[1]
-    loader_runs = [{"workers": w, "torch_threads": cpu_budget(threads, w)[1]} for w in settings["workers"]]
+    loader_runs = [{"workers": w, "torch_threads": cpu_budget(threads, w)[1]}
+                   for w in worker_candidates(settings["workers"], cores)]  # fmt: skip
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     hyp_defaults = stage_defaults.get("hyp") or {}
@@ -241,7 +242,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "import_s": measured["import_s"],
             "child_s": measured["child_s"],
         },
-        "settings": {"img": request["img"], "workers": settings["workers"], "batch": settings["batch"],
+        "settings": {"img": request["img"], "workers": [run["workers"] for run in request["loader_runs"]],
+                     "workers_setting": settings["workers"], "batch": settings["batch"],
                      "batch_measured": request["batches"], "min_steps": request["min_steps"],
                      "stable_within": request["stable_within"],
                      "max_memory_fraction": settings["max_memory_fraction"]},  # fmt: skip
