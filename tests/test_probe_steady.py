@@ -91,6 +91,16 @@ def test_the_budget_gives_each_measurement_an_equal_share_of_what_is_left():
     assert MeasuringBudget(deadline=None, runs=3).next_deadline() is None
 
 
+def test_a_run_is_afforded_only_with_the_time_kept_for_the_runs_after_it_and_a_skipped_one_leaves_its_share():
+    now = [4.0]
+    budget = MeasuringBudget(deadline=12.0, runs=4, clock=lambda: now[0])
+    assert budget.affords(floor_s=3.0, reserve_s=5.0)  # 4 + 3 + 5 = 12: just fits
+    assert not budget.affords(floor_s=3.5, reserve_s=5.0)
+    budget.skip()  # three runs left share the 8 s
+    assert budget.next_deadline() == 4.0 + 8.0 / 3
+    assert MeasuringBudget(deadline=None, runs=2).affords(floor_s=1e9, reserve_s=1e9)  # no budget: always
+
+
 def test_the_budget_grows_to_a_share_of_the_planned_training_at_the_fastest_rate_and_never_shrinks():
     now = [0.0]
     short = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=1000, clock=lambda: now[0])

@@ -21,7 +21,7 @@ from stagedyolo.engine.patches import step_engine
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
-from stagedyolo.probe.steady import MeasuringBudget, time_steady
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget, time_steady
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -94,21 +94,33 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, en
                 bf16_supported: bool | None, gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
     """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
     runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
-    chosen settings."""
+    chosen settings. The stage loops make the predictions, so a candidate run is skipped (``affords``) when it would
+    leave them less than their least time: its figure would only have widened the choice."""
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
-    planned_runs = len(model_plan) + len(loader_plan) + len(stage_groups(request, {}, cuda, bf16_supported))
-    budget = MeasuringBudget(_deadline(request), planned_runs, request["budget_s"],
-                             request.get("planned_train_images") or 0)  # fmt: skip
+    stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
+    budget = MeasuringBudget(_deadline(request), len(model_plan) + len(loader_plan) + stage_runs_planned,
+                             request["budget_s"], request.get("planned_train_images") or 0)  # fmt: skip
     model_runs, stage_runs, warm = [], [], WarmShapes()
     for run in model_plan:
         autocast_dtype = run["amp"] and cuda and "float16"
-        warmup_steps = warm.steps(request["img"], run["batch"], autocast_dtype, request.get("engine"))
-        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warmup_steps))
+        shape = (request["img"], run["batch"], autocast_dtype, request.get("engine"))
+        floor = CandidateFloor.of(model_runs, cuda)
+        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
+            model_runs.append(skipped(run, "the budget: it would leave the stage loops less than their least time"))
+            budget.skip()
+            continue
+        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
         budget.note_rate(model_runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
     ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
-    loader_runs = [measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline())
-                   for run in loader_plan]  # fmt: skip
+    timed_threads = {run["torch_threads"] for run in model_runs if run["status"] != "skipped"}
+    loader_runs = []
+    for run in loader_plan:
+        if not cuda and run["torch_threads"] not in timed_threads:  # on CPU it pairs with that model run only
+            loader_runs.append(skipped(run, f"no model run at the {run['torch_threads']} torch threads it leaves"))
+            budget.skip()
+            continue
+        loader_runs.append(measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline()))
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
         warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"],
@@ -120,6 +132,39 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, en
             "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3)}
 
 
+def skipped(run: dict, why: str) -> dict:
+    """A planned candidate run that was not measured, and why: its candidates are not usable (choice.combine)."""
+    print(f"probe: not measured: {json.dumps(run)}: {why}", flush=True)
+    return {**run, "status": "skipped", "message": f"not measured: {why}", "images_per_s": None}
+
+
+class CandidateFloor:
+    """The least time a run takes (its warm-up and MIN_TIMED_STEPS), estimated from the first model run's steady
+    step, scaled by batch and on CPU by torch threads (as if a step's work were spread evenly over them). A stage
+    loop is counted at the first run's shape, the largest stage image size, with a full warm-up. Rough by design:
+    it only decides whether a candidate run may still start, never what a run measures."""
+
+    def __init__(self, reference: dict, cuda: bool):
+        self.reference, self.cuda = reference, cuda
+        self.step_s = reference["seconds"] / reference["steps"]
+
+    @classmethod
+    def of(cls, model_runs: list[dict], cuda: bool) -> "CandidateFloor | None":
+        """From the first model run, once it has a steady figure (None before, or when it failed)."""
+        first = model_runs[0] if model_runs else None
+        usable = first and first["status"] == "ok" and first.get("steps") and first.get("seconds")
+        return cls(first, cuda) if usable else None
+
+    def model_run(self, run: dict, warmup_steps: int) -> float:
+        scale = run["batch"] / self.reference["batch"]
+        if not self.cuda:
+            scale *= self.reference["torch_threads"] / run["torch_threads"]
+        return self.step_s * scale * (warmup_steps + MIN_TIMED_STEPS)
+
+    def stages(self, runs: int) -> float:
+        return runs * self.step_s * (MODEL_WARMUP_STEPS + MIN_TIMED_STEPS)
+
+
 class WarmShapes:
     """The step shapes this process has run, and so how many untimed model steps a run at a shape needs. A shape
     includes the engine, whose rows choose the kernels (cuDNN autotuning, memory format)."""
@@ -127,12 +172,16 @@ class WarmShapes:
     def __init__(self):
         self.run: set[tuple] = set()
 
+    def needed(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
+        """The untimed steps a run at this shape needs."""
+        seen = (img, batch, autocast_dtype or None, engine_key(engine)) in self.run
+        return SEEN_SHAPE_WARMUP_STEPS if seen else MODEL_WARMUP_STEPS
+
     def steps(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
-        shape = (img, batch, autocast_dtype or None, engine_key(engine))
-        if shape in self.run:
-            return SEEN_SHAPE_WARMUP_STEPS
-        self.run.add(shape)
-        return MODEL_WARMUP_STEPS
+        """The untimed steps a run at this shape needs, which from now on the process has run."""
+        needed = self.needed(img, batch, autocast_dtype, engine)
+        self.run.add((img, batch, autocast_dtype or None, engine_key(engine)))
+        return needed
 
 
 def _deadline(request: dict) -> float | None:

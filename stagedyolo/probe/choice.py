@@ -49,7 +49,9 @@ def combine(loader_runs: list[dict], model_runs: list[dict], *, cores: int, shar
 def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_limit_bytes: int | None) -> dict:
     threads = loader["torch_threads"]
     usable, why_not = True, None
-    if model.get("status", "ok") != "ok":
+    if "skipped" in (loader.get("status"), model.get("status")):
+        usable, why_not = False, (model if model.get("status") == "skipped" else loader)["message"]
+    elif model.get("status", "ok") != "ok":
         usable, why_not = False, f"model run failed: {model.get('status')} {model.get('message') or ''}".strip()
     elif memory_limit_bytes is not None:
         peak = model.get("peak_memory_bytes")

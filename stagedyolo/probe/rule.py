@@ -33,21 +33,23 @@ CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
                    stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
                    batches: list[int] | None = None, stages: dict | None = None,
-                   planned_epochs: int | None = None) -> dict:  # fmt: skip
+                   planned_epochs: int | None = None, started_unix: float | None = None) -> dict:  # fmt: skip
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
     take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
     probe predicts. ``planned_epochs`` (all stages together, plan.planned_epochs) lets the budget grow to
     TRAINING_SHARE of the planned training. With ``settings["reuse"]`` measurements are kept in
     <results_dir>/probe_cache (derived from `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix
-    applies) for later runs on the same machine, data, model and settings."""
+    applies) for later runs on the same machine, data, model and settings. ``started_unix``: when the probe's
+    process started (the rule's script passes it, so the budget covers its Python start-up too); default now."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
         tuning = {"choice": {}, "candidates": [], "stages": {}, "notes": ["probe disabled: stages keep their defaults"]}
         write_json(tuning_out, tuning)
         return tuning
-    started, started_unix = time.perf_counter(), time.time()
+    started_unix = time.time() if started_unix is None else started_unix
+    started = time.perf_counter() - (time.time() - started_unix)
     work = tuning_out.parent / "probe_work"
     work.mkdir(exist_ok=True)
     decision = read_json(cache_decision)
@@ -207,7 +209,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         f"budget: {request['budget_s']:g} s for the whole probe, imports included, or {TRAINING_SHARE:.0%} of the "
         f"planned training ({request['planned_train_images']} images at the fastest rate measured) if longer; each "
         f"run gets an equal share of what is left when it starts, and one whose share runs out ends with the steps "
-        f"it timed (cut_by_budget, at least {MIN_TIMED_STEPS})",
+        f"it timed (cut_by_budget, at least {MIN_TIMED_STEPS}); a candidate run that would leave the stage loops "
+        f"less than their least time is not measured (status skipped)",
         f"AMP: {measured['amp_verdict']['reason']}",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
@@ -219,6 +222,10 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
                      f"candidates {settings['batch']} could not be chosen")  # fmt: skip
     if not cuda:
         notes.append("AMP needs CUDA: measured with AMP off only; peak memory is not measured on CPU (null)")
+    skipped = [run for run in measured["model"] + measured["loader"] if run.get("status") == "skipped"]
+    if skipped:
+        notes.append(f"{len(skipped)} candidate runs not measured, so their candidates could not be chosen (a larger "
+                     f"probe.budget_s measures them): " + "; ".join(sorted({run["message"] for run in skipped})))
     if request["choose"] and not choice:
         notes.append("no usable candidate: the stages keep their defaults")
     return {

@@ -8,6 +8,8 @@ or its ``max_seconds`` run out (then it is flagged ``stable: false``).
 
 The probe as a whole has a time budget (``probe.budget_s``): ``MeasuringBudget`` gives each measurement an equal
 share of what is left, and a measurement whose share runs out ends with the steps it has timed (``cut_by_budget``).
+A candidate measurement that cannot even time its warm-up and two steps before the deadline, with the time the stage
+loops after it need set aside, is not started (``affords``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ class MeasuringBudget:
     def allowed_s(self) -> float | None:
         """The seconds the budget allows from the probe's start, after any lengthening (None: no budget)."""
         return None if self.deadline is None else self.deadline - self.started
+
+    def affords(self, floor_s: float, reserve_s: float) -> bool:
+        """Whether a measurement that takes at least ``floor_s`` (its warm-up and MIN_TIMED_STEPS) fits before the
+        deadline with ``reserve_s`` left for the measurements that must follow it. Always true without a budget."""
+        return self.deadline is None or self.clock() + floor_s + reserve_s <= self.deadline
+
+    def skip(self) -> None:
+        """A planned measurement that will not run: the later ones share its time."""
+        self.runs_left -= 1
 
     def next_deadline(self) -> float | None:
         """The deadline of the measurement about to start (None: no budget)."""

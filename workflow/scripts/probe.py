@@ -1,3 +1,5 @@
+import psutil
+
 from stagedyolo.engine.plan import planned_epochs
 from stagedyolo.probe import probe_for_rule
 
@@ -16,4 +18,5 @@ probe_for_rule(
     threads=snakemake.threads,
     log_path=snakemake.log[0],
     planned_epochs=planned_epochs(snakemake.config),
+    started_unix=psutil.Process().create_time(),  # the budget counts this process's start-up too
 )
