@@ -63,8 +63,9 @@ def main(request_path: str) -> int:
     model.probe_optimizer = model_engine["optimizer"]
     stride = max(int(model.stride.max()), 32)  # train.py's grid size: images are padded to a multiple of it
     # The first step of a process pays one-off set-up (kernel selection, allocator, thread pools): not a candidate's.
+    # One step at batch 1 pays it; each run then warms up at its own shape (WarmShapes).
     torch.set_num_threads(min(request["thread_counts"]))
-    measure_model(model, {**request, "min_steps": 1, "max_seconds": 0}, 1, False, device)
+    measure_model(model, {**request, "min_steps": 1, "max_seconds": 0}, 1, False, device, warmup_steps=0)
     # Everything so far lives until the end: the cyclic garbage collector need not scan it again. Each run's
     # gc.collect() then took milliseconds instead of 0.17 s, and loader workers forked later share those pages.
     gc.freeze()
