@@ -102,27 +102,11 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, en
     stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
     budget = MeasuringBudget(_deadline(request), len(model_plan) + len(loader_plan) + stage_runs_planned,
                              request["budget_s"], request.get("planned_train_images") or 0)  # fmt: skip
-    model_runs, stage_runs, warm = [], [], WarmShapes()
-    for run in model_plan:
-        autocast_dtype = run["amp"] and cuda and "float16"
-        shape = (request["img"], run["batch"], autocast_dtype, request.get("engine"))
-        floor = CandidateFloor.of(model_runs, cuda)
-        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
-            model_runs.append(skipped(run, "the budget: it would leave the stage loops less than their least time"))
-            budget.skip()
-            continue
-        model_runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
-        budget.note_rate(model_runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
-    ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
-    timed_threads = {run["torch_threads"] for run in model_runs if run["status"] != "skipped"}
-    loader_runs = []
-    for run in loader_plan:
-        if not cuda and run["torch_threads"] not in timed_threads:  # on CPU it pairs with that model run only
-            loader_runs.append(skipped(run, f"no model run at the {run['torch_threads']} torch threads it leaves"))
-            budget.skip()
-            continue
-        loader_runs.append(measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline()))
+    warm = WarmShapes()
+    model_runs = measure_model_candidates(model, request, model_plan, device, budget, warm, stage_runs_planned, cuda)
+    loader_runs = measure_loader_candidates(create_dataloader, request, loader_plan, model_runs, stride, budget, cuda)
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
+    stage_runs = []
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
         warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"],
                                   group["engine"])  # fmt: skip
@@ -131,6 +115,39 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, en
         budget.note_rate(stage_runs[-1]["images_per_s"])
     return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
             "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3)}
+
+
+def measure_model_candidates(model, request: dict, plan: list[dict], device, budget: MeasuringBudget,
+                             warm: "WarmShapes", stage_runs_planned: int, cuda: bool) -> list[dict]:  # fmt: skip
+    """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come less
+    than their least time (CandidateFloor)."""
+    runs = []
+    for run in plan:
+        shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
+        floor = CandidateFloor.of(runs, cuda)
+        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
+            runs.append(skipped(run, "the budget: it would leave the stage loops less than their least time"))
+            budget.skip()
+            continue
+        runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
+        budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
+    return runs
+
+
+def measure_loader_candidates(create_dataloader, request: dict, plan: list[dict], model_runs: list[dict],
+                              stride: int, budget: MeasuringBudget, cuda: bool) -> list[dict]:  # fmt: skip
+    """The loader runs of ``plan``; on CPU one whose torch-thread count has no measured model run is skipped (its
+    candidate pairs with that run only)."""
+    ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
+    timed_threads = {run["torch_threads"] for run in model_runs if run["status"] != "skipped"}
+    runs = []
+    for run in plan:
+        if not cuda and run["torch_threads"] not in timed_threads:
+            runs.append(skipped(run, f"no model run at the {run['torch_threads']} torch threads it leaves"))
+            budget.skip()
+            continue
+        runs.append(measure_loader_run(create_dataloader, request, run, stride, ample, budget.next_deadline()))
+    return runs
 
 
 def skipped(run: dict, why: str) -> dict:
