@@ -53,7 +53,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode.
     ``run_stages``: every stage of the run in order ({stage, epochs, img}), for the progress line's run ETA."""
     probe_choice = probe_choice or {}
-    workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice)
+    workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice, gpus=int(spec["gpus"]))
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
     amp_from_probe = spec["amp"] == "auto" and "amp" in probe_choice
     # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.

@@ -179,15 +179,19 @@ def worker_candidates(setting: list[int] | str, cores: int) -> list[int]:
     return sorted({0} | {max(1, int(cores * share + 0.5)) for share in WORKER_CANDIDATE_SHARES})
 
 
-def cpu_budget(threads: int, workers: int | str, probe_choice: dict | None = None) -> tuple[int, int]:
-    """(dataloader workers, torch threads) for a job granted `threads` cores, never more than the machine has.
+def cpu_budget(threads: int, workers: int | str, probe_choice: dict | None = None, gpus: int = 1) -> tuple[int, int]:
+    """(dataloader workers, torch threads) for each of a job's ``gpus`` ranks, granted `threads` cores in all, never
+    more than the machine has.
 
-    Workers and torch's intra-op threads share the cores: oversubscribing them ran 5-7x slower on 2 cores.
-    `auto` workers take the probe's measured choice, else leave one core to compute.
+    Workers and torch's intra-op threads share the cores: oversubscribing them ran 5-7x slower on 2 cores. Under DDP
+    every rank has its own workers and threads, so each rank's share is threads // gpus cores. `auto` workers take
+    the probe's measured choice (it measured one rank; at most the rank's cores, as yolov5 caps them per device),
+    else leave one core to compute. An explicit count is the user's, kept as given.
     """
-    threads = max(1, min(int(threads), available_cores()))
+    threads = max(1, min(int(threads), available_cores()) // max(int(gpus), 1))
     if workers == "auto":
-        workers = (probe_choice or {}).get("workers", min(2, threads - 1))
+        chosen = (probe_choice or {}).get("workers")
+        workers = min(2, threads - 1) if chosen is None else min(int(chosen), threads)
     workers = max(0, int(workers))
     return workers, max(1, threads - workers)
 

@@ -22,7 +22,7 @@ from stagedyolo.envcheck import package_version
 from stagedyolo.jsonio import read_json, write_json
 
 # Bump when the probe measures differently: results of an older probe are not reused.
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 # Request keys that differ between runs of the same thing: this run's files (replaced by fingerprints), its deadline
 # and the planned training that may lengthen it (the budget setting itself is in the key).
 PER_RUN_KEYS = ("data_list", "image_store", "weights", "out", "deadline_unix", "planned_train_images")

@@ -15,7 +15,7 @@ AUGMENTATION_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale",
 
 def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_supported: bool | None) -> dict:
     """What one stage will run with: per-GPU batch, workers and torch threads, AMP and its dtype."""
-    workers, torch_threads = cpu_budget(threads, spec["workers"], choice)
+    workers, torch_threads = cpu_budget(threads, spec["workers"], choice, gpus=int(spec["gpus"]))
     amp_setting = choice["amp"] if spec["amp"] == "auto" and "amp" in choice else spec["amp"]
     amp = decide_amp(amp_setting, cuda, bf16_supported=bf16_supported)
     return {
