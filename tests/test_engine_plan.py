@@ -49,8 +49,7 @@ def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monk
 
 def test_under_ddp_each_rank_gets_its_share_of_the_cores(monkeypatch):
     """4 GPUs on 16 cores: 4 ranks, each with its own workers and torch threads, 4 cores each. Until 2026-12-02
-    every rank took 16 - workers torch threads, and the probe's 12 workers (measured for one rank on all 16 cores)
-    ran in each of the 4 ranks: 48 workers and 16 threads on 16 cores."""
+    every rank took 16 - workers torch threads: 14 each with 2 workers, 56 threads and 8 workers on 16 cores."""
     monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 16)
     assert cpu_budget(16, "auto", None, gpus=4) == (2, 2)
     assert cpu_budget(16, "auto", {"workers": 12}, gpus=4) == (4, 1)  # at most the rank's cores, as yolov5 caps
