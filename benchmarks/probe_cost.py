@@ -30,8 +30,8 @@ TUNING = "results/demo/probe/tuning.json"
 
 def one_probe(workdir, arm: str, index: int, snakefile, env: dict | None) -> dict:
     with LoadSampler(interval_s=2.0) as load:
-        call = run_snakemake(workdir, "--forcerun", "probe", log=workdir / f"{arm}{index}.log", targets=(TUNING,), env=env,
-                      snakefile=snakefile)  # fmt: skip
+        call = run_snakemake(workdir, "--forcerun", "probe", log=workdir / f"{arm}{index}.log", targets=(TUNING,),
+                             env=env, snakefile=snakefile)  # fmt: skip
     tuning = read_json(workdir / TUNING)
     runs = [run for kind in ("loader", "model", "stages") for run in tuning["measurements"][kind]]
     return {
@@ -75,9 +75,9 @@ def markdown(result: dict) -> list[str]:
         "",
         f"Baseline {result['baseline']}, tree {result['tree']}; {result['repeats']} probes each, alternating, "
         f"probe.budget_s = {result['budget_s']:g} s. Targets fixed in advance: every probe of the tree ≤ "
-        f"{result['budget_s']:g} s of rule s; its median snakemake call below the baseline's. Rule s counts from the rule's "
-        "process start in the tree, from its first line in a baseline before 2026-12-02; the snakemake call (DAG, job "
-        "and all) is the same measure for both.",
+        f"{result['budget_s']:g} s of rule s; its median snakemake call below the baseline's. Rule s counts from the "
+        "rule's process start in the tree, from its first line in a baseline before 2026-12-02; the snakemake call "
+        "(DAG, job and all) is the same measure for both.",
         "",
         "| arm | rule s (each) | median | snakemake s (each) | median | imports s (each) | runs cut | skipped |",
         "|---|---|---:|---|---:|---|---|---|",
