@@ -10,6 +10,15 @@ See docs/probe.md.
 """
 
 from stagedyolo.probe.choice import choose, combine, predicted_images_per_s
-from stagedyolo.probe.rule import probe_for_rule
 
 __all__ = ["choose", "combine", "predicted_images_per_s", "probe_for_rule"]
+
+
+def __getattr__(name: str):
+    """probe_for_rule on first use: the measuring process (`python -m stagedyolo.probe.child`) imports this package
+    too, and needs neither the rule nor what the rule imports (the dataset tools, cv2)."""
+    if name == "probe_for_rule":
+        from stagedyolo.probe.rule import probe_for_rule
+
+        return probe_for_rule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

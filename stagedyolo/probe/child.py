@@ -21,7 +21,8 @@ from stagedyolo.engine.patches import step_engine
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
-from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget, time_steady
+from stagedyolo.probe.steady import (MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, MeasuringBudget,
+                                     time_steady)
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -31,11 +32,6 @@ LOADER_AMPLE_FACTOR = 3
 # Batches each DataLoader worker queues ahead (PyTorch's prefetch_factor default): they arrive at once, so they
 # are warm-up, not steady state.
 PREFETCH_PER_WORKER = 2
-# Untimed model steps before timing a step shape (image size, batch, autocast dtype) the process has not run yet:
-# allocator, cuDNN autotuning (benchmark mode, per shape and dtype), lazy initialisation. A shape it has already run
-# needs one untimed step (a new thread count, freeze or loader): on the 2-core demo machine the first step at such a
-# shape was 5-15 % slower than the steady ones, the second at their rate.
-MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
 # Seconds kept after the child's deadline for the rule to write tuning.json.
 WRITE_RESERVE_S = 0.3
 
@@ -45,6 +41,7 @@ def main(request_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     compat.install()  # before yolov5's first import: its import shims (seaborn deferred, sourceless inspect)
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)  # as the stage's
     import torch
 
     torch.set_num_threads(max(request["thread_counts"]))

@@ -17,11 +17,10 @@ from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, sta
 from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
-from stagedyolo.probe.child import MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
 from stagedyolo.probe.stages import predictions
-from stagedyolo.probe.steady import MIN_TIMED_STEPS, TRAINING_SHARE
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
 # (label scan, a RAM cache) costs a second, not minutes, on a large dataset.

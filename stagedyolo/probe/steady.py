@@ -19,6 +19,11 @@ from typing import Callable
 
 # A measurement cut short by the budget still times this many steps: two halves to compare, one step each.
 MIN_TIMED_STEPS = 2
+# Untimed model steps before timing a step shape (image size, batch, autocast dtype) the process has not run yet:
+# allocator, cuDNN autotuning (benchmark mode, per shape and dtype), lazy initialisation. A shape it has already run
+# needs one untimed step (a new thread count, freeze or loader): on the 2-core demo machine the first step at such a
+# shape was 5-15 % slower than the steady ones, the second at their rate.
+MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
 
 
 # Issue 12: the probe may take this share of the planned training time when that is more than probe.budget_s.
