@@ -123,7 +123,7 @@ def measure_model_candidates(model, request: dict, plan: list[dict], device, bud
         shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
         floor = CandidateFloor.of(runs, cuda)
         if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
-            runs.append(skipped(run, "the budget: it would leave the stage loops less than their least time"))
+            runs.append(skipped(run, "within the budget it would leave the stage loops less than their least time"))
             budget.skip()
             continue
         runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
