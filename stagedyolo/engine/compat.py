@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import types
+import warnings
 
 # Modules every yolov5 process imports at module level and a stage uses only in cases it may never reach; each runs
 # on its first use instead. Seconds are cumulative import times on the 2-core demo machine (python -X importtime):
@@ -32,6 +33,14 @@ DEFERRED_IMPORTS = ("seaborn", "matplotlib.pyplot", "requests", "boto3")
 # (benchmarks/results/process_overhead.md; most of print_args's 1.4 s was seaborn, which a deferred module no longer
 # executes for such a search: MODULE_IDENTITY).
 SOURCELESS_INSPECT_MODULE = "yolov5.utils.general"
+
+
+def quiet_engine_warnings() -> None:
+    """Silence the warnings yolov5 raises in every process that trains with it (the stage worker, the probe): its
+    torch.cuda.amp.autocast(...) call, made every batch, whose deprecation warning would flood the log, and its
+    import of pkg_resources."""
+    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
 def install() -> None:

@@ -12,7 +12,6 @@ import os
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 from stagedyolo.dataset.image_store import serve_ram_cache
@@ -40,9 +39,7 @@ def main(plan_path: str, plugins=()) -> int:
     exit_when_parent_dies()  # a SIGKILLed supervisor must not leave this stage training on its own
     plan = json.loads(Path(plan_path).read_text())
     work_dir = Path(plan["work_dir"])
-    # yolov5 7.0 calls torch.cuda.amp.autocast(...) every batch; its deprecation warning would flood the log.
-    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)  # yolov5's import
+    compat.quiet_engine_warnings()
 
     import torch
 

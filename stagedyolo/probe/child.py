@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from stagedyolo.engine import compat
@@ -40,8 +39,7 @@ def main(request_path: str) -> int:
     started = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
     compat.install()  # before yolov5's first import: its import shims (seaborn deferred, sourceless inspect)
-    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.(autocast|GradScaler).*", category=FutureWarning)
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)  # as the stage's
+    compat.quiet_engine_warnings()
     import torch
 
     torch.set_num_threads(max(request["thread_counts"]))
@@ -189,14 +187,18 @@ class WarmShapes:
 
     def needed(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
         """The untimed steps a run at this shape needs."""
-        seen = (img, batch, autocast_dtype or None, engine_key(engine)) in self.run
+        seen = self._key(img, batch, autocast_dtype, engine) in self.run
         return SEEN_SHAPE_WARMUP_STEPS if seen else MODEL_WARMUP_STEPS
 
     def steps(self, img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None = None) -> int:
         """The untimed steps a run at this shape needs, which from now on the process has run."""
         needed = self.needed(img, batch, autocast_dtype, engine)
-        self.run.add((img, batch, autocast_dtype or None, engine_key(engine)))
+        self.run.add(self._key(img, batch, autocast_dtype, engine))
         return needed
+
+    @staticmethod
+    def _key(img: int, batch: int, autocast_dtype: str | bool | None, engine: dict | None) -> tuple:
+        return img, batch, autocast_dtype or None, engine_key(engine)
 
 
 def _deadline(request: dict) -> float | None:
