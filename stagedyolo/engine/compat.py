@@ -14,7 +14,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import tempfile
 import types
 import warnings
 
@@ -212,6 +211,8 @@ def atomic_torch_save() -> None:
     """
     import torch
 
+    from stagedyolo.jsonio import replaced_atomically
+
     if getattr(torch.save, "_stagedyolo_atomic", False):
         return
     plain_save = torch.save
@@ -219,16 +220,10 @@ def atomic_torch_save() -> None:
     def atomic_save(obj, f, *args, **kwargs):
         if not isinstance(f, (str, os.PathLike)):
             return plain_save(obj, f, *args, **kwargs)
-        target = os.fspath(f)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=os.path.dirname(target) or ".")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                plain_save(obj, handle, *args, **kwargs)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        # A unique temporary name (two savers never collide), its mode what a plain open() gives: mkstemp's 0600
+        # hid published weights from collaborators on a shared folder.
+        with replaced_atomically(f, "wb") as handle:
+            plain_save(obj, handle, *args, **kwargs)
 
     atomic_save._stagedyolo_atomic = True
     atomic_save.plain_save = plain_save

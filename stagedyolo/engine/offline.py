@@ -33,15 +33,17 @@ def prepare_config_dir(config_dir: str | os.PathLike) -> Path:
     """
     import matplotlib
 
+    from stagedyolo.jsonio import replaced_atomically
+
     config_dir = Path(config_dir)
     config_dir.mkdir(parents=True, exist_ok=True)
     font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
     for name in ("Arial.ttf", "Arial.Unicode.ttf"):
         target = config_dir / name
         if not target.exists():
-            tmp = target.with_suffix(".tmp")
-            shutil.copyfile(font, tmp)
-            os.replace(tmp, target)  # two stages may prepare the folder at once
+            # Two stages may prepare the folder at once: each copies to a temporary file of its own, then renames.
+            with open(font, "rb") as source, replaced_atomically(target, "wb") as copy:
+                shutil.copyfileobj(source, copy)
     return config_dir
 
 
