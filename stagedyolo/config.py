@@ -49,7 +49,10 @@ def _check_run_location(config: dict) -> list[str]:
         problems.append(f"run: {run!r} must be a plain folder name (letters, digits, '_', '-', '.'), not a path: "
                         "each run's outputs land in <results_dir>/<run>/. Use e.g. run: demo.")  # fmt: skip
     results_dir = str(config.get("results_dir", "results"))
-    if ".." in Path(results_dir).parts:
+    if not results_dir.strip():
+        problems.append(f"results_dir: {results_dir!r} is empty: every output path would start at the filesystem "
+                        "root (/<run>/...). Use e.g. results_dir: results, or an absolute path.")  # fmt: skip
+    elif ".." in Path(results_dir).parts:
         problems.append(f"results_dir: {results_dir!r} contains '..'. Use a folder below the working directory "
                         "(e.g. results) or an absolute path.")  # fmt: skip
     return problems
@@ -169,7 +172,18 @@ def _check_stage(config: dict, stage: str) -> list[str]:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
         problems.append(f"{key}.hyp: {error}")
-    return problems + _check_yolov5_options(config, stage, spec)
+    return problems + _check_tune(stage, spec) + _check_yolov5_options(config, stage, spec)
+
+
+def _check_tune(stage: str, spec: dict) -> list[str]:
+    """A tune trial runs the stage in one process: on a multi-GPU stage it would wait for ranks that never start,
+    each trial until the 30-minute DDP timeout."""
+    if not (spec.get("tune") and spec["gpus"] > 1):
+        return []
+    key = f"stages.{stage}"
+    return [f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']}: each tune trial would hang until "
+            "the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 (tune a copy of the stage on one "
+            "GPU, then train on several with the settings it kept)."]  # fmt: skip
 
 
 def _check_yolov5_options(config: dict, stage: str, spec: dict) -> list[str]:
@@ -179,7 +193,7 @@ def _check_yolov5_options(config: dict, stage: str, spec: dict) -> list[str]:
         problems.append(f"{key}.image_weights: yolov5 refuses image_weights with more than one GPU (gpus: "
                         f"{spec['gpus']}). Set image_weights: false or gpus: 1.")  # fmt: skip
     previous = previous_stage(config, stage)
-    if previous and spec["start_from"] == "previous":
+    if previous and spec["start_from"] in ("previous", "previous_weights"):
         before = bool(stage_spec(config, previous).get("single_cls"))
         if bool(spec.get("single_cls")) != before:
             problems.append(f"{key}.single_cls: {bool(spec.get('single_cls'))} differs from stage {previous} "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
 from stagedyolo.engine.checkpoint import FINISHED_EPOCH, checkpoint_epoch
+from stagedyolo.engine.continuation import handover_path
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import (
     MIN_RETRY_BATCH,
@@ -61,6 +62,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
     # A spec that leaves them out (an older config, a hand-built spec) trains exactly as yolov5 does.
     nominal_batch = _unless_none(spec.get("nominal_batch"), YOLOV5_NOMINAL_BATCH)
     min_warmup_iters = _unless_none(spec.get("min_warmup_iters"), YOLOV5_MIN_WARMUP_ITERS)
+    continues = bool(spec.get("continues"))
     return {
         "stage": stage,
         "data": str(Path(data).resolve()),
@@ -73,9 +75,12 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "torch_threads": torch_threads,
         "freeze": spec["freeze"],
         "optimizer": spec["optimizer"],
-        "hyp": stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch), spec["hyp"]),
+        "hyp": _continued_hyp(stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch),
+                                        spec["hyp"]), continues),
         "nominal_batch": nominal_batch,
-        "min_warmup_iters": min_warmup_iters,
+        "min_warmup_iters": 0 if continues else min_warmup_iters,
+        "continues": continues,
+        "lr_from_previous": bool(spec.get("lr_from_previous")),
         "cache": None if cache == "none" else cache,
         "image_store": image_store if cache == "ram" else None,
         "amp": probe_choice["amp"] if amp_from_probe else spec["amp"],
@@ -87,11 +92,18 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "plots": spec["plots"],
         "nosave": spec["nosave"],
         "engine": spec.get("engine") or engine_spec({}, spec.get("engine_mode")),
-        "options": yolov5_options(spec),
+        "options": {**yolov5_options(spec), **({"noautoanchor": True} if continues else {})},
         "time_budget_s": spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
         "work_dir": str(Path(work_dir).resolve()),
         "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     }
+
+
+def _continued_hyp(hyp: dict, continues: bool) -> dict:
+    """A continuing stage does not warm up again: the training's one warmup ran in its first stage. (With
+    warmup_epochs and min_warmup_iters 0, train.py's warmup interpolation sets the stage's own LR and momentum at its
+    first step.) Its lr0 is the handover's unless the stage named one: the worker fills it in."""
+    return {**hyp, "warmup_epochs": 0.0} if continues else hyp
 
 
 def _amp_source(probe_choice: dict) -> str:
@@ -202,6 +214,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
         if path.exists():
             shutil.copy2(path, stage_dir / "weights" / path.name)
     for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
+                 handover_path(work_dir / "weights" / "last.pt"),
                  *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
         if path.exists():
             shutil.copy2(path, stage_dir / path.name)
@@ -210,7 +223,7 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
               "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
-              "tune": tune}  # fmt: skip
+              "continuation": outcome.get("continuation"), "tune": tune}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")

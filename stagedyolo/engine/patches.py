@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from stagedyolo.engine import compat
+from stagedyolo.engine.continuation import Continuation
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLossGuard, ValidationSchedule, register
 from stagedyolo.engine.train_module import load_train
 
@@ -53,6 +54,7 @@ class EngineContext:
     module_names: dict = field(default_factory=dict)
     log_every: int = 1
     compile_applied: bool = False
+    continuation: Continuation | None = None  # the worker sets it for a stage that hands over or continues
 
     @property
     def cuda(self) -> bool:
@@ -145,6 +147,31 @@ _LOG_EVERY_EDIT = _source_edit(
     "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
     "_STAGEDYOLO_LOG_EVERY", lambda ctx: LOG_EVERY,
 )  # fmt: skip
+
+
+CONTINUATION_EDITS = (
+    ("        del ckpt, csd",
+     "        _STAGEDYOLO_CONTINUATION.take_up(ckpt, optimizer, ema, resume)\n        del ckpt, csd"),
+    ("    scaler = torch.cuda.amp.GradScaler(enabled=amp)",
+     "    scaler = _STAGEDYOLO_CONTINUATION.scaler(torch.cuda.amp.GradScaler(enabled=amp))"),
+    ("                    'updates': ema.updates,",
+     "                    'updates': ema.updates, 'scaler': scaler.state_dict(),\n"
+     "                    'recipe_epochs': _STAGEDYOLO_EPOCHS_BEFORE + epoch + 1,"),
+)  # fmt: skip
+
+
+def _continuation(ctx: EngineContext) -> None:
+    ctx.source_edits.extend(CONTINUATION_EDITS)
+    ctx.module_names["_STAGEDYOLO_CONTINUATION"] = ctx.continuation
+    ctx.module_names["_STAGEDYOLO_EPOCHS_BEFORE"] = int(ctx.plan.get("recipe_epochs_before") or 0)
+
+
+def _handover_checkpoint(ctx: EngineContext) -> None:
+    ctx.train.strip_optimizer = ctx.continuation.strip_keeping_handover(ctx.train.strip_optimizer)
+
+
+def _continuation_set(ctx: EngineContext) -> str | None:
+    return None if ctx.continuation else "no continuation (a process that is not a stage's worker)"
 
 
 def _sync_every_batches(ctx: EngineContext) -> None:
@@ -318,6 +345,13 @@ PATCHES: tuple[Patch, ...] = (
           "warmup lasts at least 100 iterations whatever warmup_epochs says; settable per stage",
           "always (the default 100 is yolov5's)", "see nominal_batch (measured together)", WARMUP_FLOOR_EDIT,
           phase="source"),
+    Patch("continuation", "train.py after the model, optimizer and EMA are built (`del ckpt, csd`), its GradScaler "
+          "and its checkpoint dict",
+          "a stage continues the previous stage's training (stagedyolo.engine.continuation): optimizer state, EMA "
+          "and its update count, AMP scale; every checkpoint also keeps the scaler and the epochs trained so far",
+          "always (a stage that starts from the model or restarts from weights only saves the extra state)",
+          "the recipe's figures: benchmarks/results/naive_vs_staged.md", _continuation, _continuation_set,
+          phase="source"),
     Patch("amp_bf16", "train.py `torch.cuda.amp.autocast(amp)`",
           "yolov5 autocasts to fp16 only; bfloat16 has fp32's range, so no overflow and no loss scaling to tune",
           "amp: bf16 on a GPU that supports it (stagedyolo.engine.amp)", "GPU: open (no GPU here)",
@@ -326,6 +360,10 @@ PATCHES: tuple[Patch, ...] = (
           "formatting the CUDA loss tensors every batch makes the host wait for the GPU each step",
           "fast mode, CUDA", "GPU: open (no GPU here); on the CPU there is nothing to wait for",
           _sync_every_batches, _cuda_only, fast_only=True, phase="source"),
+    Patch("handover_checkpoint", "train.strip_optimizer (last.pt at the end of training)",
+          "yolov5 strips the optimizer and EMA state from last.pt; the next stage needs it, so last.pt is kept "
+          "first as continue.pt (the published last.pt and best.pt are stripped as yolov5 leaves them)",
+          "always", "one copy of last.pt per stage", _handover_checkpoint, _continuation_set),
     Patch("amp_decision", "train.check_amp",
           "check_amp may download yolov5n.pt and silently turns AMP off on failure: the plan decides AMP",
           "always", "no download; AMP is what `amp` says (stagedyolo.engine.amp)", _amp_decision),

@@ -99,6 +99,10 @@ def stage_spec(config: dict, stage: str) -> dict:
     if spec["device"] is None:
         spec["device"] = config["device"]
     spec["engine"] = engine_spec(config.get("engine") or {}, spec["engine_mode"])
+    # start_from: previous continues the previous stage's training (stagedyolo.engine.continuation), at the LR it
+    # handed over unless the stage names its own lr0 (a jump it asks for; stage_defaults' lr0 is the first stage's).
+    spec["continues"] = spec["start_from"] == "previous" and previous_stage(config, stage) is not None
+    spec["lr_from_previous"] = spec["continues"] and "lr0" not in (config["stages"][stage] or {})
     return spec
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from stagedyolo.dataset.image_store import serve_ram_cache
 from stagedyolo.engine import compat
 from stagedyolo.engine.amp import decide_amp
+from stagedyolo.engine.continuation import Continuation, read_handover
 from stagedyolo.engine.hooks import close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.engine.trial import TrialWindow
@@ -44,6 +45,7 @@ def main(plan_path: str, plugins=()) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
+    continuation = take_up_plan(plan, torch)  # before the engine: the NaN guard and hyp file read the resolved lr0
     engine, patches, amp = load_engine(plan, torch)
     device, callbacks = engine.device, engine.callbacks
     train, schedule, guard = engine.train, engine.schedule, engine.guard
@@ -64,7 +66,8 @@ def main(plan_path: str, plugins=()) -> int:
 
     outcome = {"status": "ok", "amp": amp["amp"], "amp_dtype": amp["dtype"], "amp_reason": amp["reason"],
                "device": device or "cuda:0",
-               "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every}  # fmt: skip
+               "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every,
+               "continuation": continuation}  # fmt: skip
     try:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:
@@ -84,6 +87,8 @@ def main(plan_path: str, plugins=()) -> int:
             if window:
                 outcome["trial"] = window.result()
             outcome["stopped_by"] = stop.reason
+            if continuation:
+                continuation.update(engine.continuation.report)
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
         close_engine_loggers(callbacks)  # before skip_exit_collection, which would leave its last events unwritten
@@ -105,12 +110,31 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
     bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
     amp = decide_amp(plan["amp"], cuda, plan.get("amp_source", "config"), bf16_supported=bf16)
     engine = EngineContext(plan, device, amp["amp"], None, amp_dtype=amp["dtype"], torch=torch,
+                           continuation=Continuation(plan["weights"] if plan.get("continues") else None,
+                                                     plan.get("optimizer", "SGD")),
                            **engine_settings(plan))  # fmt: skip
     patches = apply_patches(engine, phases=("process",))
     from yolov5.utils.callbacks import Callbacks
 
     engine.callbacks = Callbacks()  # never yolov5's shared default instance
     return engine, patches + apply_patches(engine, phases=("source", "module")), amp
+
+
+def take_up_plan(plan: dict, torch) -> dict | None:
+    """For a stage that continues the previous one: read what it handed over (stagedyolo.engine.continuation) and
+    complete the plan with it, in place: the learning rate to start at (unless the stage named its own lr0) and the
+    epochs trained so far. Returns the record for stage.json, or None for a stage that starts a training."""
+    plan["recipe_epochs_before"] = 0
+    if not plan.get("continues"):
+        return None
+    handover = read_handover(plan["weights"], torch)
+    plan["recipe_epochs_before"] = handover["recipe_epochs"]
+    if plan.get("lr_from_previous"):
+        plan["hyp"]["lr0"] = handover["lr"]
+    return {"from": plan["weights"], "lr0": plan["hyp"]["lr0"],
+            "lr0_source": "the previous stage's handover" if plan.get("lr_from_previous") else "the stage's own lr0",
+            "recipe_epochs_before": handover["recipe_epochs"], "warmup": "none: it ran once, in the first stage",
+            "autoanchor": "off: it ran once, in the first stage"}  # fmt: skip
 
 
 def resolve_device(device: str, cuda_available: bool) -> str:

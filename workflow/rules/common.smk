@@ -78,11 +78,14 @@ def get_probe_stages():
 
 
 def get_stage_weights(wildcards):
-    """The checkpoint a stage starts from: the previous stage's last.pt, or the model's weights."""
+    """The checkpoint a stage starts from: the previous stage's handover (continue.pt: its training continues), its
+    last.pt (previous_weights: a new training from its weights), or the model's weights."""
     spec = stage_spec(config, wildcards.stage)
     previous = previous_stage(config, wildcards.stage)
-    if spec["start_from"] == "previous" and previous:
-        return [f"{RUN}/stages/{previous}/weights/last.pt"]
+    if spec["continues"]:
+        return [get_stage_outputs(previous)["handover"]]
+    if spec["start_from"] == "previous_weights" and previous:
+        return [get_stage_outputs(previous)["last"]]
     return get_pretrained_input()
 
 
@@ -110,6 +113,7 @@ def get_stage_outputs(stage):
     folder = f"{RUN}/stages/{stage}"
     return {
         "last": f"{folder}/weights/last.pt",
+        "handover": f"{folder}/continue.pt",
         "results": f"{folder}/results.csv",
         "timing": f"{folder}/timing.json",
         "plan": f"{folder}/stage.json",
@@ -172,3 +176,13 @@ def get_previous_tracking_record(wildcards):
     """Stages are tracked one after another: the first creates the pipeline run's parent record."""
     previous = previous_stage(config, wildcards.stage)
     return [f"{RUN}/tracking/stages/{previous}.json"] if previous else []
+
+
+def get_source_fingerprint():
+    """Names, sizes and mtimes of the dataset's images and labels: Snakemake re-stages when a label or image changes,
+    not only the data.yaml. The demo dataset is built by a rule: nothing to read yet."""
+    if config["dataset"] == "demo":
+        return "demo"
+    from stagedyolo.dataset.fingerprint import source_fingerprint
+
+    return source_fingerprint(config["dataset"])
