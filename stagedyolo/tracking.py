@@ -2,20 +2,26 @@
 
 Everything is logged from a stage's *published* files (stage.json, results.csv, timing.json, diagnosis), by a job of
 its own that runs after the stage, never from inside yolov5's training loop: a tracker that fails or hangs cannot
-kill or slow a stage, a failed tracking job is rerun alone, and what is logged is exactly what the stage published.
-Layout in MLflow: one parent run per pipeline run (named after config `run`, found again by its results folder) and
-one nested run per stage; `track_run` adds the test-split score and the export check to the parent and closes it.
+kill or slow a stage, and what is logged is exactly what the stage published. A tracking job never fails either: it
+logs the error and writes a record saying so, since a failed job would stop the stages still to come (no
+keep-going). Layout in MLflow: one parent run per pipeline run (named after config `run`, found again by its results
+folder) and one nested run per stage; `track_run` adds the test-split score and the export check to the parent and
+closes it. TensorBoard: ``<tracking dir>/<run>/`` (the run's own marked folder; tracking.dir may be yolov5's `runs`,
+or shared by several runs) with one folder per stage and ``run/``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
 import time
+import traceback
 from pathlib import Path
 
 from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.ownership import NotOwnedError, claim, owner_facts, require_owned
 
 # MLflow 3 raises on a file store unless told it is wanted; a local folder is the point here (no server, no DB).
 MLFLOW_ENV = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -163,24 +169,47 @@ class MLflowTracker:
 
 class TensorBoardTracker:
     """One TensorBoard run folder per stage (`tensorboard --logdir <dir>` shows them side by side), plus `run/` for
-    the test score and export check. Params and files are copied beside the events (TensorBoard has no artifacts)."""
+    the test score and export check. Params and files are copied beside the events (TensorBoard has no artifacts).
+    All of it goes into the pipeline run's own folder, ``<dir>/<run>`` (``<run>-<key>`` when that name is taken by
+    something else): a rerun stage's earlier events are deleted there, and nowhere else."""
 
     def __init__(self, settings: dict, run_dir: str | os.PathLike):
         self.logdir = tracking_dir(settings, run_dir)
+        self.run_dir = str(Path(run_dir).resolve())
 
     def log_stage(self, stage: str, stage_dir: Path, run_name: str) -> dict:
-        folder = self.logdir / stage
-        shutil.rmtree(folder, ignore_errors=True)  # a rerun stage replaces its earlier events
+        folder = self._fresh_folder(run_name, stage)  # a rerun stage replaces its earlier events
         scalars = [*stage_epoch_metrics(stage_dir), *((k, v, 0) for k, v in stage_summary_metrics(stage_dir).items())]
         self._write(folder, scalars, [stage_dir / name for name in STAGE_FILES])
         write_json(folder / "params.json", stage_params(stage_dir))
         return {"backend": "tensorboard", "logdir": str(folder), "metrics": len(scalars)}
 
     def log_run(self, run_name: str, metrics: dict, files: list[Path]) -> dict:
-        folder = self.logdir / "run"
-        shutil.rmtree(folder, ignore_errors=True)
+        folder = self._fresh_folder(run_name, "run")
         self._write(folder, [(k, v, 0) for k, v in metrics.items()], files)
         return {"backend": "tensorboard", "logdir": str(folder), "metrics": len(metrics)}
+
+    def run_folder(self, run_name: str) -> Path:
+        """This pipeline run's folder: ``<dir>/<run name>`` if it is free or already this run's, else the name with
+        a key of the results folder (another run of that name, or a folder that is not the pipeline's: yolov5's
+        ``runs/train``)."""
+        key = hashlib.sha256(self.run_dir.encode()).hexdigest()[:8]
+        for name in (run_name, f"{run_name}-{key}"):
+            folder = self.logdir / name
+            facts = owner_facts(folder)
+            if facts is not None and facts.get("run_dir") == self.run_dir:
+                return folder
+            if facts is None:
+                try:
+                    return claim(folder, "TensorBoard logs of one pipeline run", run_dir=self.run_dir)
+                except NotOwnedError:
+                    continue
+        raise NotOwnedError(f"{self.logdir}: {run_name} and {run_name}-{key} both belong to something else")
+
+    def _fresh_folder(self, run_name: str, name: str) -> Path:
+        folder = require_owned(self.run_folder(run_name), "TensorBoard logs") / name
+        shutil.rmtree(folder, ignore_errors=True)  # inside the run's own marked folder only
+        return folder
 
     @staticmethod
     def _write(folder: Path, scalars: list, files: list[Path]) -> None:
@@ -207,24 +236,37 @@ BACKENDS = {"mlflow": MLflowTracker, "tensorboard": TensorBoardTracker}
 
 
 def track_stage_for_rule(stage_dir: str, record_json: str, *, settings: dict, run_name: str, log_path: str) -> dict:
-    """The track_stage rule: log one published stage. `record_json` (R/tracking/<stage>.json) says where it went."""
+    """The track_stage rule: log one published stage. `record_json` (R/tracking/<stage>.json) says where it went, or
+    why it did not."""
     stage_dir = Path(stage_dir)
     run_dir = stage_dir.parent.parent
-    record = BACKENDS[settings["backend"]](settings, run_dir).log_stage(stage_dir.name, stage_dir, run_name)
-    write_json(record_json, record)
-    _log(log_path, f"tracked stage {stage_dir.name}: {record}")
-    return record
+    return _track(f"stage {stage_dir.name}", record_json, settings, log_path, lambda: BACKENDS[settings["backend"]](
+        settings, run_dir).log_stage(stage_dir.name, stage_dir, run_name))  # fmt: skip
 
 
 def track_run_for_rule(record_json: str, *, test_json: str, export_json: str | None, files: list[str],
                        settings: dict, run_name: str, log_path: str) -> dict:  # fmt: skip
     """The track_run rule, after every stage is tracked: the test score, the export check and the run's files."""
     run_dir = Path(record_json).parent.parent
-    test, export = read_json(test_json), read_json(export_json) if export_json else None
-    record = BACKENDS[settings["backend"]](settings, run_dir).log_run(
-        run_name, run_summary_metrics(test, export), [Path(f) for f in files if Path(f).is_file()])
+
+    def log_run():
+        test, export = read_json(test_json), read_json(export_json) if export_json else None
+        return BACKENDS[settings["backend"]](settings, run_dir).log_run(
+            run_name, run_summary_metrics(test, export), [Path(f) for f in files if Path(f).is_file()])
+
+    return _track(f"run {run_name}", record_json, settings, log_path, log_run)
+
+
+def _track(what: str, record_json: str, settings: dict, log_path: str, log_it) -> dict:
+    """Run one tracking call; a failure of the tracker (store, disk, package) is logged and recorded, never raised:
+    tracking must never stop training, and a failed job would stop every stage after it."""
+    try:
+        record = log_it()
+        _log(log_path, f"tracked {what}: {record}")
+    except Exception as e:  # noqa: BLE001 - whatever the backend raises
+        record = {"backend": settings["backend"], "failed": f"{type(e).__name__}: {e}"}
+        _log(log_path, f"WARNING: tracking {what} failed; training goes on, untracked:\n{traceback.format_exc()}")
     write_json(record_json, record)
-    _log(log_path, f"tracked run {run_name}: {record}")
     return record
 
 

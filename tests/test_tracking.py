@@ -3,10 +3,12 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from stagedyolo.config import ConfigError, check_config
+from stagedyolo.ownership import MARKER
 from stagedyolo.tracking import (
     BACKENDS,
     run_summary_metrics,
@@ -23,6 +25,10 @@ SETTINGS = {"dir": None, "experiment": "exp", "log_weights": True}
 @pytest.fixture
 def run_dir(tmp_path):
     """A pipeline run with two published stages; the second validated only its last epoch."""
+    return make_run(tmp_path)
+
+
+def make_run(tmp_path):
     for name, ips, map50s in (("frozen", [20.0, 40.0], [0.1, 0.3]), ("finetune", [30.0, 35.0, 36.0], [NAN, NAN, 0.5])):
         folder = tmp_path / "stages" / name
         make_stage(folder, name, ips, map50s)
@@ -96,14 +102,54 @@ def test_tensorboard_writes_one_run_folder_per_stage(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     track_all(run_dir, {**SETTINGS, "backend": "tensorboard", "dir": str(run_dir / "tb")})
-    assert sorted(p.name for p in (run_dir / "tb").iterdir()) == ["finetune", "frozen", "run"]
-    events = EventAccumulator(str(run_dir / "tb" / "frozen")).Reload()
+    tb = run_dir / "tb" / "demo"  # the pipeline run's own folder, named after config `run`
+    assert sorted(p.name for p in tb.iterdir()) == [MARKER, "finetune", "frozen", "run"]
+    events = EventAccumulator(str(tb / "frozen")).Reload()
     assert [(e.step, e.value) for e in events.Scalars("epoch/images_per_s")] == [(0, 20.0), (1, 40.0)]
     assert [round(e.value, 4) for e in events.Scalars("metrics/mAP_0.5")] == [0.1, 0.3]
-    assert json.loads((run_dir / "tb" / "frozen" / "params.json").read_text())["hyp.mosaic"] == 0.0
-    assert (run_dir / "tb" / "frozen" / "files" / "timing.json").is_file()
-    run = EventAccumulator(str(run_dir / "tb" / "run")).Reload()
+    assert json.loads((tb / "frozen" / "params.json").read_text())["hyp.mosaic"] == 0.0
+    assert (tb / "frozen" / "files" / "timing.json").is_file()
+    run = EventAccumulator(str(tb / "run")).Reload()
     assert run.Scalars("test/ap50_95")[0].value == pytest.approx(0.3)
+
+
+def test_tensorboard_leaves_what_it_did_not_write_in_a_shared_tracking_dir(run_dir):
+    """tracking.dir: runs holds yolov5's runs/<name>/exp and whatever else; a stage or run of the same name as one
+    of them must not erase it (it used to rmtree <dir>/<stage> and <dir>/run)."""
+    tb = run_dir / "runs"
+    theirs = [tb / "frozen" / "exp" / "results.csv", tb / "run" / "notes.txt", tb / "demo" / "exp" / "best.pt"]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("not the pipeline's")
+    record = track_all(run_dir, {**SETTINGS, "backend": "tensorboard", "dir": str(tb)})
+    assert all(path.read_text() == "not the pipeline's" for path in theirs)
+    ours = Path(record["logdir"]).parent
+    assert ours.parent == tb and ours.name.startswith("demo-")  # `demo` is someone else's: a keyed name instead
+    assert sorted(p.name for p in ours.iterdir()) == [MARKER, "finetune", "frozen", "run"]
+
+
+def test_two_runs_sharing_a_tracking_dir_keep_their_own_events(tmp_path):
+    settings = {**SETTINGS, "backend": "tensorboard", "dir": str(tmp_path / "tb")}
+    first, second = make_run(tmp_path / "a" / "demo"), make_run(tmp_path / "b" / "demo")  # one run name, twice
+    track_all(first, settings)
+    before = {p: p.read_bytes() for p in (tmp_path / "tb" / "demo").rglob("*") if p.is_file()}
+    record = track_all(second, settings)
+    assert {p: p.read_bytes() for p in (tmp_path / "tb" / "demo").rglob("*") if p.is_file()} == before
+    assert Path(record["logdir"]).parent.name.startswith("demo-")
+
+
+@pytest.mark.parametrize("backend", ["tensorboard", "mlflow"])
+def test_a_tracking_backend_failure_never_fails_the_job(run_dir, backend):
+    """The tracker's store cannot be written (here: a file where its folder should be). The jobs still succeed and
+    write their records, which say what failed; the logs keep the traceback. A failed job would stop every stage
+    still to come."""
+    (run_dir / "store").write_text("a file, not a folder")
+    record = track_all(run_dir, {**SETTINGS, "backend": backend, "dir": str(run_dir / "store")})
+    assert record["backend"] == backend and "Error" in record["failed"]
+    stage_record = json.loads((run_dir / "tracking" / "stages" / "frozen.json").read_text())
+    assert "failed" in stage_record
+    assert "Traceback" in (run_dir / "logs" / "frozen.log").read_text()
+    assert "training goes on" in (run_dir / "logs" / "run.log").read_text()
 
 
 def test_epoch_metrics_skip_what_was_not_measured(run_dir):

@@ -1,5 +1,6 @@
 # Experiment tracking (tracking.backend mlflow or tensorboard): each stage is logged from its published files by a
-# job of its own, so a tracker failure can never kill a stage (docs/export-test-tracking.md).
+# job of its own, so a tracker failure can never kill a stage (docs/export-test-tracking.md). The job itself never
+# fails on a tracker error either (it logs it and writes a record saying so): a failed job would stop later stages.
 
 
 rule track_stage:
