@@ -92,7 +92,9 @@ def test_nothing_usable_means_no_choice():
 
 
 @pytest.mark.exclusive  # budgets and cut runs depend on the machine being this test's alone
-def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_numbers(tmp_path):
+def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_numbers(tmp_path, monkeypatch):
+    # Whether the measurement is kept must not depend on what else this machine ran in the last minute.
+    monkeypatch.setattr("stagedyolo.probe.reuse.busy_machine", lambda load: None)
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
     # Every run is steady at its first two timed steps (halves that agree within 100 %): the test stays short, and a
@@ -150,6 +152,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     assert again["reused"]["key"] and again["stages"] == tuning["stages"] and again["choice"] == tuning["choice"]
     assert again["budget_s"]["rule_s"] < tuning["budget_s"]["rule_s"]
     assert list((tmp_path / "probe_cache").glob("*.json"))  # <results_dir>/probe_cache, beside the run folder
+    assert tuning["reuse_cache"]["kept"] and "reuse_cache" not in again
     # ...and not once a setting the measurement depends on, or the images, changed.
     request = json.loads((tmp_path / "run" / "probe" / "probe_work" / "request.json").read_text())
     key = reuse_key(request, [])
@@ -159,7 +162,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     assert reuse_key({**request, "deadline_unix": request["deadline_unix"] + 60}, []) == key  # a later run's deadline
     assert request["planned_train_images"] == 3 * 16  # planned epochs x training images: more epochs, same key
     assert reuse_key({**request, "planned_train_images": 10**6}, []) == key
-    first_image = Path(Path(request["data_list"]).read_text().split()[0])
+    first_image = Path(Path(request["data_list"]).read_text().splitlines()[0])
     first_image.write_bytes(first_image.read_bytes() + b"\0")  # this test's own image: a changed file
     assert reuse_key(request, []) != key
 

@@ -3,9 +3,11 @@
 The probe costs seconds to a minute; a second run of the same pipeline (a new `run:` name, a changed epoch count
 or learning rate, a cleaned results folder) would measure the same thing again. Its tuning.json is kept under
 `<results_dir>/probe_cache/<key>.json`, where the key hashes everything a measurement depends on: the machine (host,
-CPU model, cores this process may use, torch build, visible GPUs), the measured images (names, sizes, labels), the
-model (the weights file's bytes or the cfg), and the request (candidates, stage settings, budgets). Anything else
-changed, and the key differs: the probe measures again. `probe.reuse: false` always measures.
+CPU model, cores this process may use, torch build, visible GPUs, each GPU's model and memory, whether CUDA is
+usable), the measured images (names, sizes, labels), the model (the weights file's bytes, the cfg file's text), and
+the request (candidates, stage settings, budgets). Anything else changed, and the key differs: the probe measures
+again. `probe.reuse: false` always measures. A measurement taken while the machine was busy is not kept: its figures
+are partly the other work's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from stagedyolo.dataset.validate import img2label_path
 from stagedyolo.engine.plan import available_cores
-from stagedyolo.envcheck import package_version
+from stagedyolo.envcheck import nvml_facts, package_version
 from stagedyolo.jsonio import read_json, write_json
 
 # Bump when the probe measures differently: results of an older probe are not reused.
@@ -36,6 +38,7 @@ def reuse_key(request: dict, weights: list[str]) -> str:
         "store": bool(request.get("image_store")),
         "images": _images_fingerprint(Path(request["data_list"])),
         "weights": _file_digest(Path(weights[0])) if weights else None,
+        "cfg": _cfg_fingerprint(request.get("cfg")),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -48,7 +51,24 @@ def machine_identity() -> dict:
         "torch": package_version("torch"),
         "yolov5": package_version("yolov5"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **gpu_identity(),
     }
+
+
+def gpu_identity() -> dict:
+    """The GPUs as the driver lists them (model, memory) and whether CUDA is usable now: a probe taken while it was
+    not (a driver update waiting for a reboot, a GPU being reset) measured on the CPU, and its `amp: false` must
+    not reach the GPU stages of a later run. torch is imported (seconds) only where the driver lists a GPU; without
+    one CUDA cannot be usable (NVML is NVIDIA's: a ROCm build's GPUs are not told apart here)."""
+    gpus = [{"name": gpu["name"], "total_memory_bytes": gpu["total_memory_bytes"]}
+            for gpu in nvml_facts()["gpus"] or []]  # fmt: skip
+    return {"gpus": gpus, "cuda_usable": _cuda_usable() if gpus else False}
+
+
+def _cuda_usable() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def read_reusable(reuse_dir: str | Path, key: str) -> dict | None:
@@ -64,15 +84,49 @@ def write_reusable(reuse_dir: str | Path, key: str, tuning: dict) -> None:
     write_json(Path(reuse_dir) / f"{key}.json", tuning)
 
 
+def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple, log_path: str) -> dict:
+    """Keep a fresh measurement for later runs, unless it was taken under load; best effort: the cache is a saving,
+    so a failed write (a full disk, a read-only results folder) is logged and the probe goes on. ``load``: the
+    os.getloadavg() at the measurement's start and end. Returns what happened, for tuning.json."""
+    path = Path(reuse_dir) / f"{key}.json"
+    reason = busy_machine(load)
+    if reason is None:
+        try:
+            write_reusable(reuse_dir, key, tuning)
+            return {"kept": True, "file": str(path)}
+        except OSError as error:
+            reason = f"writing {path} failed ({type(error).__name__}: {error})"
+    with open(log_path, "a") as log:
+        log.write(f"probe: measurement not kept for reuse: {reason}\n")
+    return {"kept": False, "reason": reason}
+
+
+def busy_machine(load: tuple) -> str | None:
+    """Why a measurement's figures may be partly other work's: the 1-minute load average above the machine's core
+    count (the load average counts the whole machine) when it started or ended; None when it was not."""
+    cores = os.cpu_count() or 1
+    busy = [f"{when} {average[0]:.1f}" for when, average in zip(("start", "end"), load) if average[0] > cores]
+    if not busy:
+        return None
+    return (f"measured under load (1-minute load average at {' and '.join(busy)}, above the machine's {cores} "
+            "cores): a later run measures again")
+
+
 def _images_fingerprint(list_path: Path) -> str:
     """Each listed image's name and size, and its label file's text: the working copy's paths differ per run."""
     digest = hashlib.sha256()
-    for line in list_path.read_text().split():
+    for line in filter(None, list_path.read_text().splitlines()):  # one path a line: a path may hold spaces
         image = Path(line)
         label = Path(img2label_path(line))
         digest.update(f"{image.name}:{image.stat().st_size}:".encode())
         digest.update(label.read_bytes() if label.is_file() else b"-")
     return digest.hexdigest()
+
+
+def _cfg_fingerprint(cfg: str | None) -> str | None:
+    """A model yaml of the user's by its text (edited under the same name, it is another model); one shipped with
+    yolov5 by its name (the yolov5 version is in the machine's identity)."""
+    return _file_digest(Path(cfg)) if cfg and Path(cfg).is_file() else cfg
 
 
 def _file_digest(path: Path) -> str:

@@ -18,7 +18,7 @@ from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
 from stagedyolo.probe.choice import TIE_TOLERANCE
-from stagedyolo.probe.reuse import read_reusable, reuse_key, write_reusable
+from stagedyolo.probe.reuse import keep_for_reuse, read_reusable, reuse_key
 from stagedyolo.probe.stages import predictions
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE
 
@@ -83,9 +83,10 @@ def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threa
                                      "measured_child_s": reused["budget_s"]["child_s"]}}  # fmt: skip
     load_before = os.getloadavg()
     measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
-    tuning = build_tuning(request, measured, settings, threads=threads, load=(load_before, os.getloadavg()))
+    load = (load_before, os.getloadavg())
+    tuning = build_tuning(request, measured, settings, threads=threads, load=load)
     if key:
-        write_reusable(reuse_dir, key, tuning)
+        tuning["reuse_cache"] = keep_for_reuse(reuse_dir, key, tuning, load=load, log_path=log_path)
     return tuning
 
 
