@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 import stat
 import subprocess
 
@@ -10,6 +11,7 @@ import yaml
 from PIL import Image, ImageOps
 
 from stagedyolo.dataset.cache import prebuild_disk_cache
+from stagedyolo.dataset.fingerprint import source_fingerprint
 from stagedyolo.dataset.staging import stage_dataset
 from stagedyolo.dataset.testing import jpeg_without_eoi, make_dataset, tree_sha256, write_image
 from stagedyolo.dataset.validate import DatasetError, apply_policy, img2label_path, validate_dataset
@@ -209,3 +211,34 @@ def test_a_test_split_is_staged_and_named_in_the_working_data_yaml(tmp_path):
     assert [p.name for p in staged] == [f"test_{i:04d}.jpg" for i in range(4)]
     assert all(os.path.isfile(img2label_path(str(p))) for p in staged)
     assert tree_sha256(source.parent) == before
+
+
+def test_the_source_fingerprint_follows_every_image_and_label_edit(ds):
+    """prepare_dataset's only input file is data.yaml; the fingerprint param is what makes Snakemake re-stage."""
+    first = source_fingerprint(str(ds))
+    assert source_fingerprint(str(ds)) == first  # an unchanged tree: the same value, so nothing is replanned
+    label = ds.parent / "labels" / "train" / "train_002.txt"
+    label.write_text(label.read_text().replace("0.5 0.5", "0.4 0.5"))  # a fixed box: same size, new mtime
+    st = os.stat(label)
+    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # coarse-mtime filesystems
+    second = source_fingerprint(str(ds))
+    assert second != first
+    (ds.parent / "labels" / "train" / "train_005.txt").write_text("1 0.5 0.5 0.2 0.2\n")  # the background image
+    third = source_fingerprint(str(ds))
+    assert third != second
+    write_image(ds.parent / "images" / "val" / "val_002.jpg", seed=7)  # a new image
+    assert source_fingerprint(str(ds)) not in (first, second, third)
+    assert source_fingerprint(str(ds.parent / "missing.yaml")).startswith("unreadable")
+
+
+def test_the_prepare_rule_reruns_on_the_fingerprint_and_the_demo_needs_no_data():
+    from snakemake_runner import REPO
+
+    rule = (REPO / "workflow" / "rules" / "dataset.smk").read_text()
+    assert "source_fingerprint=get_source_fingerprint()," in rule.split("rule cache_dataset")[0]
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    helper = re.search(r"^def get_source_fingerprint\(\):\n(?:(?:    .*)?\n)+", common, flags=re.M).group(0)
+    for dataset, expected in (("demo", "demo"), (str(REPO / "missing" / "data.yaml"), "unreadable: DatasetError")):
+        namespace = {"config": {"dataset": dataset}}
+        exec(helper, namespace)  # the helper as the workflow runs it, on a config with no dataset on disk
+        assert namespace["get_source_fingerprint"]() == expected

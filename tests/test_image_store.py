@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 
+import cv2
 import pytest
 
 from stagedyolo.dataset.cache import cache_dataset, staged_images
-from stagedyolo.dataset.image_store import store_path
+from stagedyolo.dataset.image_store import INDEX, STORE_DIR, build_store, open_store, store_path
 from stagedyolo.dataset.staging import stage_dataset
+from stagedyolo.dataset.testing import make_dataset
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import build_plan, run_stage
@@ -51,6 +53,59 @@ def test_store_too_big_for_the_disk_is_not_built(staged, tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "decide_cache_mode", lambda *a, **k: {**real(*a, **k), "disk_budget_bytes": 10})
     store = decide(staged, tmp_path, [128])["store"]
     assert store["root"] is None and "free-disk budget" in store["reason"]
+
+
+def test_stores_of_sizes_no_stage_uses_are_deleted(staged, tmp_path):
+    store = decide(staged, tmp_path, [128, 160])["store"]
+    assert store_path(store["root"], 160, True).is_dir()
+    again = decide(staged, tmp_path, [128])["store"]  # the 160 px stage was dropped from the config
+    assert sorted(again["removed"]) == ["160-train", "160-val"] and again["decoded"] == 0
+    assert sorted(p.name for p in (tmp_path / "cache" / STORE_DIR).iterdir()) == ["128-train", "128-val"]
+    d = cache_dataset(str(staged), str(tmp_path / "cache.json"), "none", 0.3, 128, log=lambda *_: None)
+    assert sorted(d["stores_removed"]) == ["128-train", "128-val"]  # no stage reads a store without the ram mode
+    assert not list((tmp_path / "cache" / STORE_DIR).iterdir())
+
+
+def test_a_failed_build_leaves_no_temporary_blob(staged, tmp_path, monkeypatch):
+    import stagedyolo.dataset.image_store as image_store
+
+    calls, real_imread = [], cv2.imread
+
+    def imread_failing_late(path):
+        calls.append(path)
+        if len(calls) == 5:
+            raise MemoryError("failed half way")
+        return real_imread(path)
+
+    monkeypatch.setattr(image_store.cv2, "imread", imread_failing_late)
+    with pytest.raises(MemoryError):
+        decide(staged, tmp_path, [128])
+    assert len(calls) == 5
+    assert [p.name for p in (tmp_path / "cache" / STORE_DIR).rglob("*") if p.is_file()] == []
+
+
+def test_a_kill_between_blob_and_index_never_pairs_a_new_blob_with_the_old_index(tmp_path, monkeypatch):
+    """The image set changes but the blob's size does not (one image swapped for another of the same size). A kill
+    after the new blob is in place and before its index used to leave the old index, offsets and all, accepted."""
+    import stagedyolo.dataset.image_store as image_store
+
+    src = make_dataset(tmp_path / "src", n_train=3, n_val=1)
+    stage_dataset(str(src), validate_dataset(str(src)), str(tmp_path / "cache"), exclude=set())
+    train = staged_images(str(tmp_path / "cache" / "data.yaml"))["train"]
+    build_store(tmp_path / "cache", {"train": train[:2]}, [64])
+    real_replace = os.replace
+
+    def killed_before_the_index(src_path, dst_path):
+        if str(dst_path).endswith(INDEX):
+            raise KeyboardInterrupt  # the kill
+        real_replace(src_path, dst_path)
+
+    monkeypatch.setattr(image_store.os, "replace", killed_before_the_index)
+    with pytest.raises(KeyboardInterrupt):
+        build_store(tmp_path / "cache", {"train": train[1:]}, [64])
+    monkeypatch.undo()
+    _, index = open_store(tmp_path / "cache", 64, True)
+    assert index is None or sorted(index) == train[1:]
 
 
 YOLOV5_LOADERS = textwrap.dedent("""

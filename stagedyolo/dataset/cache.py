@@ -22,9 +22,10 @@ import psutil
 import yaml
 from PIL import Image
 
-from stagedyolo.dataset.image_store import build_store
+from stagedyolo.dataset.image_store import build_store, drop_stores
 from stagedyolo.dataset.validate import DatasetError, list_split_images
 from stagedyolo.envcheck import tee_log
+from stagedyolo.ownership import is_owned, locked, temp_path
 
 NPY_HEADER_BYTES = 128  # np.save's header for a plain uint8 array
 CACHE_SPLITS = ("train", "val")  # the loaders train.py builds, both with the --cache setting
@@ -154,19 +155,39 @@ def _npy_bytes(image: str) -> int:
 def prebuild_disk_cache(staged_data_yaml: str, workers: int | None = None) -> dict:
     """Write YOLOv5's disk cache (``<image>.npy`` = cv2.imread(image), as its cache_images_to_disk does) for every
     staged train/val image, skipping up-to-date files and replacing stale ones (older than the image); drop orphans.
-    Refuses to run on anything but a staged copy, so it can never write into the user's dataset."""
+    Refuses to run on anything but a staged copy (a folder the pipeline created and marked), so it can never write
+    into the user's dataset, and its orphan sweep never reaches a user's .npy beside the copy in ``cache.dir``."""
     t0 = time.monotonic()
-    root = staged_root(staged_data_yaml)
-    if not (root / "manifest.json").is_file():
-        raise DatasetError(
-            f"{staged_data_yaml} is not a staged working copy (no manifest.json in {root}); the disk cache is only "
-            "built in the copy, never in the user's dataset. Fix: pass the data.yaml that stage_dataset wrote."
-        )
+    root = owned_copy(staged_data_yaml, "the disk cache")
     images = sorted({f for files in staged_images(staged_data_yaml).values() for f in files})
     outside = [f for f in images if root not in Path(f).parents]
     if outside:
         raise DatasetError(f"{staged_data_yaml} lists images outside {root}, e.g. {outside[0]}. Fix: re-stage.")
+    with locked(root):
+        counts = _write_missing_npy(images, workers)
+        wanted = {str(Path(f).with_suffix(".npy")) for f in images}
+        for npy in root.rglob("*.npy"):  # inside the pipeline's own folder: every .npy there is a disk cache
+            if str(npy) not in wanted:
+                npy.unlink()
+                counts["orphans_removed"] += 1
+    counts["bytes"] = sum(os.path.getsize(p) for p in wanted if os.path.exists(p))
+    counts["seconds"] = round(time.monotonic() - t0, 3)
+    return counts
 
+
+def owned_copy(staged_data_yaml: str, what: str) -> Path:
+    """The working copy of a staged data.yaml, checked to be one: stage_dataset's manifest in a marked folder."""
+    root = staged_root(staged_data_yaml)
+    if not ((root / "manifest.json").is_file() and is_owned(root)):
+        raise DatasetError(
+            f"{staged_data_yaml} is not a staged working copy (no manifest.json in a folder stagedyolo created: "
+            f"{root}); {what} is only built in the copy, never in the user's dataset or anywhere else. Fix: pass "
+            "the data.yaml that stage_dataset wrote."
+        )
+    return root
+
+
+def _write_missing_npy(images: list[str], workers: int | None) -> dict:
     counts = {"written": 0, "up_to_date": 0, "stale_replaced": 0, "orphans_removed": 0, "unreadable": []}
     todo = []
     for f in images:
@@ -183,14 +204,6 @@ def prebuild_disk_cache(staged_data_yaml: str, workers: int | None = None) -> di
                 counts["written"] += 1
             else:
                 counts["unreadable"].append(f)
-
-    wanted = {str(Path(f).with_suffix(".npy")) for f in images}
-    for npy in root.rglob("*.npy"):
-        if str(npy) not in wanted:
-            npy.unlink()
-            counts["orphans_removed"] += 1
-    counts["bytes"] = sum(os.path.getsize(p) for p in wanted if os.path.exists(p))
-    counts["seconds"] = round(time.monotonic() - t0, 3)
     return counts
 
 
@@ -224,7 +237,7 @@ def _write_npy(image: str) -> bool:
         return False
     npy = Path(image).with_suffix(".npy")
     # YOLOv5 loads any .npy that exists, so a half-written one must never appear under the final name.
-    tmp = npy.with_name(".stagetmp-" + npy.name)
+    tmp = temp_path(npy)
     with open(tmp, "wb") as fh:
         np.save(fh, im)
     os.replace(tmp, npy)
@@ -259,6 +272,8 @@ def cache_dataset(
     if decision["mode"] == "ram":
         decision["store"] = prebuild_ram_store(data, decision, store_sizes or [])
         log(f"image store: {decision['store']['reason']}")
+    else:
+        decision["stores_removed"] = drop_stores(staged_root(data))  # no stage reads a store in this mode
     Path(decision_out).parent.mkdir(parents=True, exist_ok=True)
     Path(decision_out).write_text(json.dumps(decision, indent=2) + "\n", encoding="utf-8")
     return decision
@@ -271,19 +286,18 @@ def store_size(img: int) -> int:
 
 def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) -> dict:
     """Build the image store (stagedyolo.dataset.image_store) in the working copy when its files fit on the cache
-    dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}."""
+    dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}. A store no stage will read
+    (other sizes, or none built) is deleted: each holds every image at one size."""
+    root = owned_copy(staged_data_yaml, "the image store")
     if not sizes:
-        return {"root": None, "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)"}
+        return {"root": None, "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
+                "removed": drop_stores(root)}  # fmt: skip
     sizes = sorted({store_size(s) for s in sizes})
-    root = staged_root(staged_data_yaml)
-    if not (root / "manifest.json").is_file():
-        raise DatasetError(f"{staged_data_yaml} is not a staged working copy (no manifest.json in {root}); the image "
-                           "store is only built in the copy. Fix: pass the data.yaml that stage_dataset wrote.")  # fmt: skip
     # The RAM estimate is for the largest size; smaller sizes need less. Train and val stores hold one copy each.
     need = decision["ram_needed_bytes"] * len(sizes)
     if need > decision["disk_budget_bytes"]:
         return {"root": None, "reason": f"not built: {need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache "
-                f"dir's free-disk budget; each stage's yolov5 caches itself"}  # fmt: skip
+                f"dir's free-disk budget; each stage's yolov5 caches itself", "removed": drop_stores(root)}  # fmt: skip
     built = build_store(root, staged_images(staged_data_yaml), sizes)
     reason = (f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
               f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s")

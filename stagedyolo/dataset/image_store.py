@@ -5,8 +5,10 @@ yolov5's ``--cache ram`` decodes and resizes every image in every stage process 
 yolov5's ``load_image`` returns them (long side = img, INTER_LINEAR for the augmented train loader, INTER_AREA when
 the val loader shrinks) into one flat ``images.u8`` file plus an index. A stage memory-maps that file copy-on-write:
 set-up opens it instead of decoding, the pages are shared through the page cache by every stage, loader worker and
-DDP rank, and no write can reach the file. The store lives in the working copy (cache.dir), never in the user's
-dataset. An image whose file changed since the store was built is decoded in the stage, as yolov5 would.
+DDP rank, and no write can reach the file. The store lives in the working copy (the pipeline's own folder in
+cache.dir), never in the user's dataset. An image whose file changed since the store was built is decoded in the
+stage, as yolov5 would. Stores of sizes no stage trains at any more are deleted (GBs each), as is a failed build's
+temporary blob.
 
 Layout: ``<working copy>/.imgstore/<img>-<interp>/images.u8`` and ``index.json``:
 ``{"images": {path: [offset, h, w, h0, w0, mtime_ns, size]}, ...}``.
@@ -17,11 +19,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from stagedyolo.ownership import TMP_PREFIX, is_owned, locked, temp_path
 
 STORE_DIR = ".imgstore"
 INDEX = "index.json"
@@ -49,52 +54,100 @@ def resize_like_yolov5(im: np.ndarray, img: int, augment: bool) -> np.ndarray:
 
 
 def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: list[int]) -> dict:
-    """Write one store per (size, split kind). Each image is decoded once and resized to every size.
-    Returns {"dir", "sizes", "images", "bytes", "seconds", "decoded"}; a store already up to date is kept."""
+    """Write one store per (size, split kind) in the working copy ``root`` (a folder the pipeline owns; its lock is
+    held). Each image is decoded once and resized to every size. A store already up to date is kept; stores of other
+    sizes are deleted. Returns {"dir", "sizes", "stores", "images", "decoded", "removed", "bytes", "seconds"}."""
     t0 = time.monotonic()
-    stores, todo = {}, []
-    for split, files in images_by_split.items():
-        augment = split == "train"
-        for img in sorted(set(sizes)):
-            path = store_path(root, img, augment)
-            if not _up_to_date(path, files):
-                todo.append((path, img, augment, files))
-            stores[str(path)] = len(files)
-    decoded = _write_stores(todo)
+    with locked(root):
+        _drop_temps(Path(root))
+        stores, todo = {}, []
+        for split, files in images_by_split.items():
+            augment = split == "train"
+            for img in sorted(set(sizes)):
+                path = store_path(root, img, augment)
+                if not _up_to_date(path, files):
+                    todo.append((path, img, augment, files))
+                stores[str(path)] = len(files)
+        decoded = _write_stores(todo)
+        removed = _drop_stores_but(Path(root), {Path(p).name for p in stores})
     return {"dir": str(Path(root) / STORE_DIR), "sizes": sorted(set(sizes)), "stores": stores,
             "images": len({f for files in images_by_split.values() for f in files}), "decoded": decoded,
-            "bytes": sum(_size(Path(p) / BLOB) for p in stores), "seconds": round(time.monotonic() - t0, 3)}
+            "removed": removed, "bytes": sum(_size(Path(p) / BLOB) for p in stores),
+            "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+
+
+def drop_stores(root: str | Path) -> list[str]:
+    """Delete every store of the working copy ``root`` (no stage reads one: another cache mode, prebuild off). A
+    folder the pipeline does not own is left alone."""
+    if not is_owned(root):
+        return []
+    with locked(root):
+        return _drop_stores_but(Path(root), set())
+
+
+def _drop_stores_but(root: Path, keep: set[str]) -> list[str]:
+    """Inside the owned working copy only (the caller holds its lock): stores not in ``keep``."""
+    removed = []
+    for store in sorted((root / STORE_DIR).glob("*")):
+        if store.name not in keep and store.is_dir() and not store.is_symlink():
+            shutil.rmtree(store)
+            removed.append(store.name)
+    return removed
+
+
+def _drop_temps(root: Path) -> None:
+    """Blobs a killed build left (the caller holds the lock, so no build is writing them)."""
+    for tmp in (root / STORE_DIR).glob(f"*/{TMP_PREFIX}*"):
+        tmp.unlink(missing_ok=True)
 
 
 def _write_stores(todo) -> int:
-    """Decode each image once for all stores that need it; stream every resized copy into its store's blob."""
+    """Decode each image once for all stores that need it; stream every resized copy into its store's blob. A failed
+    build removes its temporary blobs (GBs) before it raises."""
     if not todo:
         return 0
     writers = {}
-    for path, img, augment, files in todo:
-        path.mkdir(parents=True, exist_ok=True)
-        writers[path] = {"fh": open(path / f".{BLOB}.tmp", "wb"), "index": {}, "img": img, "augment": augment,
-                         "files": set(files)}  # fmt: skip
-    unique = sorted({f for *_, files in todo for f in files})
-    for f in unique:
-        im = cv2.imread(f)  # BGR, as yolov5
-        if im is None:
-            continue  # unreadable: the stage's yolov5 reports it as it would without the store
-        st = os.stat(f)
+    try:
+        for path, img, augment, files in todo:
+            path.mkdir(parents=True, exist_ok=True)
+            tmp = temp_path(path / BLOB)
+            writers[path] = {"tmp": tmp, "fh": open(tmp, "wb"), "index": {}, "img": img, "augment": augment,
+                             "files": set(files)}  # fmt: skip
+        unique = sorted({f for *_, files in todo for f in files})
+        for f in unique:
+            _append_image(f, writers.values())
+        for path, w in writers.items():
+            w["fh"].close()
+            _publish(path, w)
+    finally:
         for w in writers.values():
-            if f not in w["files"]:
-                continue
-            out = np.ascontiguousarray(resize_like_yolov5(im, w["img"], w["augment"]))
-            w["index"][f] = [w["fh"].tell(), out.shape[0], out.shape[1], im.shape[0], im.shape[1], st.st_mtime_ns,
-                             st.st_size]  # fmt: skip
-            w["fh"].write(out.tobytes())
-    for path, w in writers.items():
-        w["fh"].close()
-        os.replace(path / f".{BLOB}.tmp", path / BLOB)
-        tmp = path / f".{INDEX}.tmp"
-        tmp.write_text(json.dumps({"img": w["img"], "augment": w["augment"], "images": w["index"]}))
-        os.replace(tmp, path / INDEX)  # the index last: a store without one is not used
+            w["fh"].close()
+            w["tmp"].unlink(missing_ok=True)  # already renamed when the build succeeded
     return len(unique)
+
+
+def _append_image(f: str, writers) -> None:
+    im = cv2.imread(f)  # BGR, as yolov5
+    if im is None:
+        return  # unreadable: the stage's yolov5 reports it as it would without the store
+    st = os.stat(f)
+    for w in writers:
+        if f not in w["files"]:
+            continue
+        out = np.ascontiguousarray(resize_like_yolov5(im, w["img"], w["augment"]))
+        w["index"][f] = [w["fh"].tell(), out.shape[0], out.shape[1], im.shape[0], im.shape[1], st.st_mtime_ns,
+                         st.st_size]  # fmt: skip
+        w["fh"].write(out.tobytes())
+
+
+def _publish(path: Path, w: dict) -> None:
+    """The old index goes first, the new one comes last: a kill in between leaves a blob without an index (not used,
+    rebuilt), never a new blob under the old index, which would be accepted whenever the sizes add up."""
+    (path / INDEX).unlink(missing_ok=True)
+    os.replace(w["tmp"], path / BLOB)
+    tmp = temp_path(path / INDEX)
+    tmp.write_text(json.dumps({"img": w["img"], "augment": w["augment"], "images": w["index"]}))
+    os.replace(tmp, path / INDEX)
 
 
 def _up_to_date(path: Path, files: list[str]) -> bool:

@@ -4,9 +4,11 @@ Why a working copy: YOLOv5 writes next to the data it trains on (``labels.cache`
 disk``) and rewrites a JPEG lacking its end marker in place. Training on a copy keeps the user's dataset byte-for-byte
 untouched, works with a read-only source, and puts the data on fast local scratch when ``cache.dir`` points there.
 
-Layout: ``<cache_dir>/<split>/images/<relative path>`` and the label YOLOv5 derives from it (its img2label_paths:
-the last ``/images/`` becomes ``/labels/``), plus ``<cache_dir>/data.yaml`` with absolute paths and
-``<cache_dir>/manifest.json``.
+Layout: the copy lives in a folder of its own, ``<cache_dir>/stagedyolo-<run>-<key>/`` (``working_copy_dir``: one
+per source dataset and run, so two runs sharing ``cache.dir`` never replace each other's files), created with mode
+0700 and marked as the pipeline's (stagedyolo.ownership): nothing else in ``cache.dir`` is ever written or deleted.
+In it: ``<split>/images/<relative path>`` and the label YOLOv5 derives from it (its img2label_paths: the last
+``/images/`` becomes ``/labels/``), plus ``data.yaml`` with absolute paths and ``manifest.json``.
 
 Hardlink or copy? A hardlink shares the inode with the user's file, so anything that WRITES INTO a staged image
 would write into the user's dataset. What YOLOv5 writes:
@@ -22,6 +24,7 @@ a filesystem; any link failure (another filesystem, protected_hardlinks) falls b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -42,33 +45,50 @@ from stagedyolo.dataset.validate import (
     write_dataset_report,
 )
 from stagedyolo.envcheck import tee_log
+from stagedyolo.ownership import NotOwnedError, claim, drop, locked, sweep_temps, temp_path
 
 MANIFEST_VERSION = 1
-TMP_PREFIX = ".stagetmp-"  # hidden, so YOLOv5's glob never lists a half-written file
 
 
-def stage_dataset(data_yaml: str, report: dict, cache_dir: str, exclude: set, hardlinks: bool = True) -> dict:
-    """Create or update the working copy. ``report`` is validate_dataset's, ``exclude`` apply_policy's. Returns stats
-    {copied, linked, unchanged, removed, ...} and the staged data.yaml path."""
-    t0 = time.monotonic()
+def working_copy_dir(cache_dir: str | os.PathLike, data_yaml: str, run_dir: str | os.PathLike) -> Path:
+    """The run's own folder under ``cache.dir``: named after the run, keyed by the source data.yaml and the run's
+    results folder (two runs of one name in different results dirs, or of two datasets, get two copies)."""
+    key = hashlib.sha256(f"{Path(data_yaml).resolve()}\n{Path(run_dir).resolve()}".encode()).hexdigest()[:10]
+    return Path(cache_dir).absolute() / f"stagedyolo-{Path(run_dir).name}-{key}"
+
+
+def stage_dataset(data_yaml: str, report: dict, copy_dir: str, exclude: set, hardlinks: bool = True) -> dict:
+    """Create or update the working copy in ``copy_dir``, a folder the pipeline creates (mode 0700) and marks as its
+    own; an existing folder without that marker is refused. ``report`` is validate_dataset's, ``exclude``
+    apply_policy's. Holds the folder's lock while staging. Returns stats {copied, linked, unchanged, removed, ...}
+    and the staged data.yaml path."""
     data = load_data_yaml(data_yaml)
     if report.get("data_yaml") != data["yaml"]:
         raise DatasetError(
             f"the dataset report is for {report.get('data_yaml')}, not {data['yaml']}. Fix: re-validate."
         )
-    cache = Path(cache_dir).absolute()
+    cache = Path(copy_dir).absolute()
     _refuse_overlap(cache, data)
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        claim(cache, "dataset working copy", private=True, source=data["yaml"])
+    except NotOwnedError as e:
+        raise DatasetError(str(e)) from None
+    with locked(cache):
+        return _stage(data, report, cache, exclude, hardlinks)
 
+
+def _stage(data: dict, report: dict, cache: Path, exclude: set, hardlinks: bool) -> dict:
+    t0 = time.monotonic()
+    leftovers = sweep_temps(cache)  # a killed staging's temporary files: ours, and no writer is active (the lock)
     suspect = {b["image"] for b in report["bad"]}  # not excluded (e.g. a hand-made exclude set): copy, never link
     plan, split_dirs = _plan(data, cache, exclude)
     manifest_path = cache / "manifest.json"
     old = _load_manifest(manifest_path)
-    stats = {"copied": 0, "linked": 0, "unchanged": 0, "removed": 0, "npy_invalidated": 0, "bytes_copied": 0}
-    changed_splits: set[str] = set()
+    stats = {"copied": 0, "linked": 0, "unchanged": 0, "removed": 0, "npy_invalidated": 0, "bytes_copied": 0,
+             "temps_removed": leftovers}  # fmt: skip
     new_entries = {}
 
-    for rel, (src, kind, split) in plan.items():
+    for rel, (src, kind, _split) in plan.items():
         dst = cache / rel
         st = os.stat(src)
         entry = {"src": src, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "kind": kind}
@@ -79,8 +99,7 @@ def stage_dataset(data_yaml: str, report: dict, cache_dir: str, exclude: set, ha
             stats["unchanged"] += 1
             continue
         if prev or dst.exists():  # a replacement: whatever YOLOv5 derived from the old file is stale now
-            stats["npy_invalidated"] += _drop(dst.with_suffix(".npy")) if kind == "image" else 0
-        changed_splits.add(split)
+            stats["npy_invalidated"] += drop(dst.with_suffix(".npy")) if kind == "image" else 0
         entry["placed"] = _place(src, dst, link_ok)
         stats["linked" if entry["placed"] == "link" else "copied"] += 1
         stats["bytes_copied"] += st.st_size if entry["placed"] == "copy" else 0
@@ -89,13 +108,12 @@ def stage_dataset(data_yaml: str, report: dict, cache_dir: str, exclude: set, ha
     for rel, prev in old.items():
         if rel not in plan:
             dst = cache / rel
-            stats["removed"] += _drop(dst)
+            stats["removed"] += drop(dst)
             if prev.get("kind") == "image":
-                stats["npy_invalidated"] += _drop(dst.with_suffix(".npy"))
-            changed_splits.add(rel.split("/", 1)[0])
+                stats["npy_invalidated"] += drop(dst.with_suffix(".npy"))
             _prune_empty_dirs(dst.parent, cache)
 
-    stats["label_caches_invalidated"] = sum(_drop_label_caches(cache / s) for s in sorted(changed_splits))
+    stats["label_caches_invalidated"] = _drop_label_caches(cache)
     _write_atomic(manifest_path, json.dumps({"version": MANIFEST_VERSION, "files": new_entries}, indent=1))
     staged_yaml = cache / "data.yaml"
     _write_atomic(staged_yaml, yaml.safe_dump(_staged_data(data, cache, split_dirs), sort_keys=False))
@@ -181,8 +199,7 @@ def _still_valid(prev: dict, entry: dict, dst: Path, st: os.stat_result, link_ok
 def _place(src: str, dst: Path, link_ok: bool) -> str:
     """Put src at dst through a temporary name, so an existing dst (maybe a hardlink) is replaced, not written into."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(TMP_PREFIX + dst.name)
-    _drop(tmp)
+    tmp = temp_path(dst)
     placed = "copy"
     if link_ok:
         try:
@@ -198,19 +215,11 @@ def _place(src: str, dst: Path, link_ok: bool) -> str:
     return placed
 
 
-def _drop(path: Path) -> int:
-    try:
-        path.unlink()
-        return 1
-    except FileNotFoundError:
-        return 0
-
-
-def _drop_label_caches(split_root: Path) -> int:
-    """YOLOv5's labels .cache hashes only paths and total size, so a same-size edit would keep stale labels/shapes."""
-    if not split_root.is_dir():
-        return 0
-    return sum(_drop(p) for p in split_root.rglob("*.cache"))
+def _drop_label_caches(copy: Path) -> int:
+    """Every YOLOv5 labels .cache in the copy, at every staging. Its hash covers only paths and total size, so a
+    same-size edit would keep stale labels/shapes; and it is a pickle yolov5 loads before any check, so one that
+    outlived a staging is never trusted, whoever wrote it."""
+    return sum(drop(p) for p in copy.rglob("*.cache"))
 
 
 def _prune_empty_dirs(d: Path, stop: Path) -> None:
@@ -241,7 +250,7 @@ def _staged_data(data: dict, cache: Path, split_dirs: dict) -> dict:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(TMP_PREFIX + path.name)
+    tmp = temp_path(path)
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
@@ -260,10 +269,12 @@ def prepare_dataset(
 ) -> dict:
     """The prepare_dataset rule: validate, write the report, apply the policy, stage, write ``data_out`` (a copy of
     the staged data.yaml; its absolute paths work from anywhere). Raises DatasetError after logging the report, since
-    Snakemake deletes a failed job's outputs but keeps its log. With no ``cache_dir`` the working copy goes to
-    ``<run>/cache``, found from ``data_out`` (``<run>/data/data.yaml``) so that a Snakemake module's prefix applies."""
+    Snakemake deletes a failed job's outputs but keeps its log. The working copy goes to the run's own folder in
+    ``cache_dir`` (working_copy_dir), or in ``<run>/cache`` with no ``cache_dir``; the run is found from ``data_out``
+    (``<run>/data/data.yaml``) so that a Snakemake module's prefix applies."""
     log = tee_log(log, log_path)
-    cache_dir = cache_dir or str(Path(data_out).parent.parent / "cache")
+    run_dir = Path(data_out).parent.parent
+    copy_dir = working_copy_dir(cache_dir or run_dir / "cache", source, run_dir)
     report = validate_dataset(source)
     write_dataset_report(report, report_json, report_md)
     t = report["totals"]
@@ -275,9 +286,9 @@ def prepare_dataset(
         raise
     for b in report["bad"]:
         log(f"skipped: {b['file']}" + (f":{b['line']}" if b["line"] else "") + f": {b['reason']}")
-    stats = stage_dataset(source, report, cache_dir, exclude, hardlinks=hardlinks)
+    stats = stage_dataset(source, report, str(copy_dir), exclude, hardlinks=hardlinks)
     log(
-        f"staged into {cache_dir}: {stats['linked']} linked, {stats['copied']} copied, {stats['unchanged']} "
+        f"staged into {copy_dir}: {stats['linked']} linked, {stats['copied']} copied, {stats['unchanged']} "
         f"unchanged, {stats['removed']} removed ({stats['seconds']} s)"
     )
     report["excluded"] = sorted(exclude)

@@ -1,4 +1,5 @@
-# The user's dataset is only ever read: training uses a validated working copy under cache.dir.
+# The user's dataset is only ever read: training uses a validated working copy in the run's own folder in cache.dir.
+# A changed image or label changes source_fingerprint, and Snakemake re-stages.
 
 
 rule prepare_dataset:
@@ -16,6 +17,7 @@ rule prepare_dataset:
     params:
         cache_dir=config["cache"]["dir"],
         checks=config["dataset_checks"],
+        source_fingerprint=get_source_fingerprint(),
     script:
         "../scripts/prepare_dataset.py"
 
