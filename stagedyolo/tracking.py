@@ -240,8 +240,11 @@ def track_stage_for_rule(stage_dir: str, record_json: str, *, settings: dict, ru
     why it did not."""
     stage_dir = Path(stage_dir)
     run_dir = stage_dir.parent.parent
-    return _track(f"stage {stage_dir.name}", record_json, settings, log_path, lambda: BACKENDS[settings["backend"]](
-        settings, run_dir).log_stage(stage_dir.name, stage_dir, run_name))  # fmt: skip
+
+    def log_stage():
+        return BACKENDS[settings["backend"]](settings, run_dir).log_stage(stage_dir.name, stage_dir, run_name)
+
+    return _track(f"stage {stage_dir.name}", record_json, settings, log_path, log_stage)
 
 
 def track_run_for_rule(record_json: str, *, test_json: str, export_json: str | None, files: list[str],
@@ -259,7 +262,8 @@ def track_run_for_rule(record_json: str, *, test_json: str, export_json: str | N
 
 def _track(what: str, record_json: str, settings: dict, log_path: str, log_it) -> dict:
     """Run one tracking call; a failure of the tracker (store, disk, package) is logged and recorded, never raised:
-    tracking must never stop training, and a failed job would stop every stage after it."""
+    tracking must never stop training, and a failed job would stop every stage after it. The record exists either
+    way, so Snakemake does not retry a failed one by itself: `--forcerun track_stage` does."""
     try:
         record = log_it()
         _log(log_path, f"tracked {what}: {record}")
