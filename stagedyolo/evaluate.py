@@ -3,23 +3,30 @@ through yolov5's own val.py (task "test"), with per-class AP50 and AP50-95.
 
 Per-class figures come from yolov5's ap_per_class, captured as val.py calls it: val.run returns per-class mAP with
 the mean filled in for classes absent from the split, which would print a made-up AP for them. Here such a class
-shows its instance count of 0 and no AP.
+shows its instance count of 0 and no AP. val.py calls ap_per_class only when some detection is right, so the
+instances are counted from the split's label files, and a class with instances that nothing detected scores 0.
+
+Weights trained with single_cls (the last stage's setting) detect one class: val.py then scores every label as that
+class, named "item" as yolov5's train.py names it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stagedyolo.dataset.validate import load_data_yaml
+from stagedyolo.dataset.validate import img2label_path, list_split_images, load_data_yaml
 from stagedyolo.jsonio import write_json
 
 COLUMNS = ("class", "instances", "precision", "recall", "ap50", "ap50_95")
+SCORES = ("precision", "recall", "ap50", "ap50_95")
+SINGLE_CLASS_NAME = "item"  # yolov5 train.py's name for the one class of a single_cls model
 
 
 def evaluate_for_rule(weights: str, data_yaml: str, metrics_json: str, metrics_md: str, *, img: int, batch: int,
-                      device: str, threads: int, log_path: str) -> dict:  # fmt: skip
+                      device: str, threads: int, log_path: str, single_cls: bool = False) -> dict:  # fmt: skip
     """The evaluate_test rule. Without a `test:` split it writes that there is none, and succeeds. Folders follow
-    the output path (R/test/test_metrics.json; the engine's settings folder is R/engine)."""
+    the output path (R/test/test_metrics.json; the engine's settings folder is R/engine). ``single_cls``: the
+    weights were trained with it (the last stage's setting)."""
     data = load_data_yaml(data_yaml)
     if "test" not in data["splits"]:
         result = {"test_split": None, "reason": f"{source_yaml(data_yaml)} has no test: split",
@@ -32,7 +39,7 @@ def evaluate_for_rule(weights: str, data_yaml: str, metrics_json: str, metrics_m
         with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads):
             result = run_val(weights, data_yaml, data, img=img, batch=batch, device=device,
                              workers=0 if threads <= 2 else min(8, threads // 2),
-                             out_dir=Path(metrics_json).parent / "val")  # fmt: skip
+                             out_dir=Path(metrics_json).parent / "val", single_cls=single_cls)  # fmt: skip
     write_json(metrics_json, result)
     Path(metrics_md).write_text(markdown(result))
     return result
@@ -46,7 +53,7 @@ def source_yaml(data_yaml: str) -> str:
 
 
 def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, device: str, workers: int,
-            out_dir: Path) -> dict:  # fmt: skip
+            out_dir: Path, single_cls: bool = False) -> dict:  # fmt: skip
     import torch
     from yolov5 import val
     from yolov5.utils.callbacks import Callbacks
@@ -57,7 +64,6 @@ def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, d
     ap_per_class = val.ap_per_class
 
     def capture(*stats, **kwargs):
-        captured["target_cls"] = stats[3]
         captured["result"] = ap_per_class(*stats, **kwargs)
         return captured["result"]
 
@@ -66,22 +72,44 @@ def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, d
         (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
             data=str(Path(data_yaml).resolve()), weights=str(Path(weights).resolve()), batch_size=batch, imgsz=img,
             task="test", device=resolve_device(device, torch.cuda.is_available()), workers=workers, plots=False,
-            project=str(out_dir), name="test", exist_ok=True, callbacks=Callbacks())  # fmt: skip
+            single_cls=single_cls, project=str(out_dir), name="test", exist_ok=True, callbacks=Callbacks())  # fmt: skip
     finally:
         val.ap_per_class = ap_per_class
+    names = class_names(data["names"], single_cls)
+    counts = instance_counts(data["splits"]["test"], len(names), single_cls)
     return {"test_split": data["splits"]["test"], "weights": str(Path(weights).resolve()), "img": img,
+            "single_cls": single_cls,
             "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
-            "classes": per_class(data["names"], captured),
+            "classes": per_class(names, counts, captured),
             "ms_per_image": dict(zip(("pre", "inference", "nms"), speed))}  # fmt: skip
 
 
-def per_class(names: list[str], captured: dict) -> list[dict]:
-    """One row per class of data.yaml; a class with no instances in the split has no precision, recall or AP."""
-    import numpy as np
+def class_names(names: list[str], single_cls: bool) -> list[str]:
+    """The classes the weights detect: data.yaml's, or the one class of single_cls training."""
+    return [SINGLE_CLASS_NAME] if single_cls and len(names) != 1 else list(names)
 
-    counts = np.bincount(captured["target_cls"].astype(int), minlength=len(names)) if captured else [0] * len(names)
-    rows = {i: {"class": name, "instances": int(counts[i]), "precision": None, "recall": None, "ap50": None,
-                "ap50_95": None} for i, name in enumerate(names)}  # fmt: skip
+
+def instance_counts(sources: list[str], nc: int, single_cls: bool = False) -> list[int]:
+    """Labelled objects per class in the split's label files, as val.py loads them: a row repeated in one file
+    counts once, and with single_cls every object is class 0."""
+    counts = [0] * nc
+    for image in list_split_images(sources)[0]:
+        for row in _label_rows(Path(img2label_path(image))):
+            counts[0 if single_cls else int(row[0])] += 1
+    return counts
+
+
+def _label_rows(label: Path) -> set[tuple[float, ...]]:
+    if not label.is_file():  # an image without objects
+        return set()
+    return {tuple(map(float, line.split())) for line in label.read_text().splitlines() if line.strip()}
+
+
+def per_class(names: list[str], counts: list[int], captured: dict) -> list[dict]:
+    """One row per class: a class with no instances in the split has no precision, recall or AP; one with
+    instances that ap_per_class did not score (val.py skips it when no detection is right) scores 0."""
+    rows = {i: {"class": name, "instances": counts[i], **dict.fromkeys(SCORES, 0.0 if counts[i] else None)}
+            for i, name in enumerate(names)}  # fmt: skip
     if captured:
         _tp, _fp, p, r, _f1, ap, classes = captured["result"]
         for k, c in enumerate(classes):
@@ -107,8 +135,9 @@ def table_rows(result: dict) -> list[dict]:
 
 
 def caption(result: dict) -> str:
+    single = ", single_cls: every class scored as one" if result.get("single_cls") else ""
     return (f"Weights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
-            "(yolov5 val.py, task test).")  # fmt: skip
+            f"(yolov5 val.py, task test{single}).")  # fmt: skip
 
 
 def _cell(value) -> str:

@@ -2,12 +2,21 @@
 file against the PyTorch model on one real image: ONNX through onnxruntime on the CPU, TorchScript through
 torch.jit. The check compares every raw prediction (all anchors: box centre/size in pixels, objectness and class
 scores) and the boxes left after non-maximum suppression; it is written to ``export.json`` and a file that does not
-match fails the job (a silently wrong ONNX file is worse than none).
+match fails the job (a silently wrong ONNX file is worse than none). Snakemake deletes a failed job's export.json,
+so the numbers also go to the job's log and stderr.
+
+The exporter rounds the image size up to a multiple of the model's stride (yolov5's check_img_size): the check
+feeds every model an image of that rounded size, the only one the exported files take.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -31,33 +40,63 @@ def export_for_rule(weights: str, data_yaml: str, outputs: dict, comparison_json
 
     out_dir = Path(comparison_json).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    with engine_job(out_dir.parent / "engine", log_path, threads):
-        model_pt = out_dir / "model.pt"  # yolov5 writes each format next to the weights it reads
+    model_pt = out_dir / "model.pt"  # yolov5 writes each format next to the weights it reads
+    with engine_job(out_dir.parent / "engine", log_path, threads), removed_on_exit(model_pt):
         shutil.copy2(weights, model_pt)
-        try:
-            written = run_exporter(model_pt, img, settings["formats"], settings["opset"])
-            image = check_image(data_yaml)
-            x = letterboxed(image, img)
-            reference = pytorch_predictions(model_pt, x)
-            checks = {fmt: compare_predictions(reference, predictions(fmt, written[fmt], x, threads),
-                                               settings["box_tolerance_px"], settings["score_tolerance"])
-                      for fmt in settings["formats"]}  # fmt: skip
-        finally:
-            model_pt.unlink(missing_ok=True)
+        model = load_model(model_pt)
+        size = stride_rounded(img, model)
+        written = run_exporter(model_pt, size, settings["formats"], settings["opset"])
+        image = check_image(data_yaml)
+        x = letterboxed(image, size)
+        reference = pytorch_predictions(model, x)
+        checks = {fmt: compare_predictions(reference, predictions(fmt, written[fmt], x, threads),
+                                           settings["box_tolerance_px"], settings["score_tolerance"])
+                  for fmt in settings["formats"]}  # fmt: skip
     for fmt, path in written.items():
         if Path(path) != Path(outputs[fmt]):
             shutil.move(path, outputs[fmt])
-    record = {"weights": str(Path(weights).resolve()), "image": image, "img": img, "opset": settings["opset"],
-              "box_tolerance_px": settings["box_tolerance_px"], "score_tolerance": settings["score_tolerance"],
+    record = {"weights": str(Path(weights).resolve()), "image": image, "img": size, "img_setting": img,
+              "opset": settings["opset"], "box_tolerance_px": settings["box_tolerance_px"],
+              "score_tolerance": settings["score_tolerance"],
               "formats": {fmt: {"file": str(outputs[fmt]), **check} for fmt, check in checks.items()},
               "passed": all(check["passed"] for check in checks.values())}  # fmt: skip
     write_json(comparison_json, record)
     failed = [fmt for fmt, check in checks.items() if not check["passed"]]
     if failed:
+        log_failed_checks(record, failed, log_path)
         raise ExportFailed(f"export: the {', '.join(failed)} model disagrees with the PyTorch model on {image} beyond "
-                           f"export.box_tolerance_px / export.score_tolerance: see {comparison_json}. Its numbers "
-                           f"say by how much; the full exporter log is {log_path}.")  # fmt: skip
+                           f"export.box_tolerance_px / export.score_tolerance: its numbers are above and in "
+                           f"{log_path} (Snakemake deletes the failed job's {comparison_json}).")  # fmt: skip
     return record
+
+
+@contextlib.contextmanager
+def removed_on_exit(path: Path):
+    """Remove ``path`` when the block ends, also when SIGTERM or SIGHUP ends it (Snakemake stopping the job): their
+    default action ends the process at once, skipping every cleanup. Here they raise SystemExit in the main thread,
+    which unwinds the block (yolov5's exporter catches Exception, not SystemExit)."""
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)} if in_main_thread else {}
+    try:
+        yield path
+    finally:
+        Path(path).unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def log_failed_checks(record: dict, failed: list[str], log_path: str) -> None:
+    """Each failed format's comparison, to the job's log and stderr."""
+    lines = [f"export check failed: {fmt}: {json.dumps(record['formats'][fmt])}" for fmt in failed]
+    lines.append(f"export check: tolerances box {record['box_tolerance_px']} px, score {record['score_tolerance']}; "
+                 f"image {record['image']} at {record['img']} px")  # fmt: skip
+    with open(log_path, "a") as log:
+        log.write("\n".join(lines) + "\n")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def run_exporter(model_pt: Path, img: int, formats: list[str], opset: int) -> dict:
@@ -98,14 +137,27 @@ def letterboxed(image_path: str, img: int) -> np.ndarray:
     return np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])[None].astype(np.float32) / 255
 
 
-def pytorch_predictions(weights: Path, x: np.ndarray) -> np.ndarray:
+def load_model(weights: Path):
     """The reference: the checkpoint as yolov5 loads it for inference (fused, eval), not the exporter's copy."""
     import torch
     from yolov5.models.experimental import attempt_load
 
     model = attempt_load(str(Path(weights).resolve()), device=torch.device("cpu"), inplace=True, fuse=True)
+    return model.float().eval()
+
+
+def stride_rounded(img: int, model) -> int:
+    """The image size the exporter uses: img rounded up to a multiple of the model's largest stride."""
+    from yolov5.utils.general import check_img_size
+
+    return int(check_img_size(img, int(max(model.stride))))
+
+
+def pytorch_predictions(model, x: np.ndarray) -> np.ndarray:
+    import torch
+
     with torch.no_grad():
-        return model.float().eval()(torch.from_numpy(x))[0].numpy()
+        return model(torch.from_numpy(x))[0].numpy()
 
 
 def predictions(fmt: str, path: Path, x: np.ndarray, threads: int) -> np.ndarray:

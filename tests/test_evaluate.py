@@ -6,16 +6,15 @@ import json
 import numpy as np
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.evaluate import evaluate_for_rule, markdown, per_class
+from stagedyolo.evaluate import evaluate_for_rule, instance_counts, markdown, per_class
 from stagedyolo.dataset.testing import make_dataset, tree_sha256
 
 
 def test_a_class_absent_from_the_split_has_no_ap():
     # ap_per_class's return for classes 0 and 2 (class 1 has no instance): tp, fp, p, r, f1, ap (10 IoUs), classes
     ap = np.array([np.linspace(0.9, 0.5, 10), np.linspace(0.6, 0.2, 10)])
-    captured = {"target_cls": np.array([0, 0, 2, 0]),
-                "result": (None, None, np.array([0.8, 0.5]), np.array([0.7, 0.4]), None, ap, np.array([0, 2]))}
-    rows = per_class(["a", "b", "c"], captured)
+    captured = {"result": (None, None, np.array([0.8, 0.5]), np.array([0.7, 0.4]), None, ap, np.array([0, 2]))}
+    rows = per_class(["a", "b", "c"], [3, 0, 1], captured)
     assert [r["instances"] for r in rows] == [3, 0, 1]
     assert rows[0]["ap50"] == 0.9 and rows[0]["ap50_95"] == ap[0].mean() and rows[2]["precision"] == 0.5
     assert rows[1] == {"class": "b", "instances": 0, "precision": None, "recall": None, "ap50": None, "ap50_95": None}
@@ -40,3 +39,29 @@ def test_the_demo_test_split_leaves_train_and_val_unchanged(tmp_path):
         assert tree_sha256(tmp_path / "a" / split) == tree_sha256(tmp_path / "b" / split)
     assert len(list((tmp_path / "b" / "images" / "test").glob("*.jpg"))) == 3
     assert "test:" not in before.read_text() and "test: images/test" in after.read_text()
+
+
+def labelled_split(folder, labels: dict) -> list[str]:
+    """A split folder of images with the given label file text ({stem: text}); returns its sources."""
+    for stem, text in labels.items():
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        (folder / "labels").mkdir(parents=True, exist_ok=True)
+        (folder / "images" / f"{stem}.jpg").write_bytes(b"")
+        if text is not None:
+            (folder / "labels" / f"{stem}.txt").write_text(text)
+    return [str(folder / "images")]
+
+
+def test_when_nothing_is_detected_the_instances_still_count_and_score_zero(tmp_path):
+    """val.py calls ap_per_class only when a detection is right: with none, nothing is captured."""
+    split = labelled_split(tmp_path, {"a": "0 0.5 0.5 0.1 0.1\n2 0.2 0.2 0.1 0.1\n", "b": "0 0.3 0.3 0.1 0.1\n\n",
+                                      "c": "", "d": None, "e": "0 0.3 0.3 0.1 0.1\n0 0.3 0.3 0.1 0.1\n"})  # fmt: skip
+    counts = instance_counts(split, 3)
+    assert counts == [3, 0, 1]  # e's repeated row counts once, as val.py loads it; c and d have no objects
+    rows = per_class(["a", "b", "c"], counts, {})
+    assert [(r["instances"], r["ap50"], r["ap50_95"], r["precision"]) for r in rows] == [
+        (3, 0.0, 0.0, 0.0), (0, None, None, None), (1, 0.0, 0.0, 0.0)]  # fmt: skip
+    table = markdown({"test_split": split, "weights": "w.pt", "img": 96, "classes": rows,
+                      "all": {"precision": 0.0, "recall": 0.0, "ap50": 0.0, "ap50_95": 0.0}})  # fmt: skip
+    assert "| all | 4 | 0.0000 |" in table and "| a | 3 | 0.0000 | 0.0000 | 0.0000 | 0.0000 |" in table
+    assert instance_counts(split, 1, single_cls=True) == [4]
