@@ -94,16 +94,61 @@ def base_config(data_yaml: Path, weights: Path, run: str) -> dict:
     return config
 
 
+# The restart-per-stage recipe as it shipped before stages continued one training (config/config.yaml of 9ca45e2):
+# every stage a new yolov5 run from the previous stage's stripped last.pt (start_from: previous_weights).
+RESTART_DEMO_STAGES = {
+    "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
+    "frozen": {"epochs": 6, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
+    "finetune": {"epochs": 6, "lr0": 0.0005, "val_period": 3, "start_from": "previous_weights"},
+    "highres": {"epochs": 3, "img": 160, "lr0": 0.0003, "start_from": "previous_weights"},
+}
+
+
+def restart_config(config: dict, stages: dict) -> dict:
+    """``config`` with the restart recipe's stages (no stage inherits the new recipe's per-stage hyp)."""
+    return {**copy.deepcopy(config), "run": config["run"] + "_restart", "stages": copy.deepcopy(stages)}
+
+
+def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:
+    """Each stage's hyp.lrf so that the chained stages fall along one straight line from lr0 to lr0 * final over
+    all their epochs (how config/config.yaml's values were set: 2, 3, 4, 2 epochs give 0.82, 0.67, 0.35, 0.05)."""
+    total, done, lrfs = sum(epochs), 0, []
+    for n in epochs:
+        start, end = 1 - (1 - final) * done / total, 1 - (1 - final) * (done + n) / total
+        lrfs.append(round(end / start, 2))
+        done += n
+    return lrfs
+
+
 def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int) -> dict:
+    """The shipped recipe's shape on det: smoke, a short frozen phase and the fine-tune at the smaller size (img - 32),
+    the last fifth at ``img`` with mosaic off; ``frozen + finetune + 2`` epochs in all, one LR line."""
     config = base_config(data_yaml, weights, "det")
     defaults = config["stage_defaults"]
     defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
+    total = 2 + frozen + finetune
+    final = max(1, round(total / 5))
+    frozen_part = max(1, frozen // 3)
+    epochs = [2, frozen_part, total - 2 - frozen_part - final, final]
+    lrf = linear_lrf(epochs)
+    small = max(64, img - 32)
     config["stages"] = {
-        "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
-        "frozen": {"epochs": frozen, "freeze": 10, "val_period": 3},
-        "finetune": {"epochs": finetune, "lr0": defaults["lr0"] / 4, "val_period": 3},
-    }
+        "smoke": {"epochs": epochs[0], "img": small, "start_from": "model", "val_period": 2, "nosave": True,
+                  "hyp": {"lrf": lrf[0]}},
+        "frozen": {"epochs": epochs[1], "img": small, "freeze": 10, "val_period": 3, "hyp": {"lrf": lrf[1]}},
+        "finetune": {"epochs": epochs[2], "img": small, "val_period": 3, "hyp": {"lrf": lrf[2]}},
+        "highres": {"epochs": epochs[3], "val_period": 1, "hyp": {"lrf": lrf[3], "mosaic": 0.0}},
+    }  # fmt: skip
     return config
+
+
+def det_restart_stages(frozen: int, finetune: int) -> dict:
+    """The restart recipe on det as the previous benchmark ran it: smoke, frozen, finetune at lr0/4, all at img."""
+    return {
+        "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
+        "frozen": {"epochs": frozen, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
+        "finetune": {"epochs": finetune, "lr0": 0.01 / 4, "val_period": 3, "start_from": "previous_weights"},
+    }  # fmt: skip
 
 
 def stage_imgs(config: dict) -> dict:
@@ -117,7 +162,7 @@ def _loads() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_staged(config: dict, workdir: Path) -> dict:
+def run_staged(config: dict, workdir: Path, side: str = "staged") -> dict:
     make_snakemake_workdir(workdir, yaml.safe_dump(config, sort_keys=False))
     load_before = _loads()
     poller = CsvPoller(workdir, ["results/*/work/*/results.csv"]).start()
@@ -131,7 +176,7 @@ def run_staged(config: dict, workdir: Path) -> dict:
     first_stage = next(iter(config["stages"]))
     stage_json = json.loads((run_dir / "stages" / first_stage / "stage.json").read_text())
     return {**probe_figures(run_dir, config),
-        "side": "staged", "start": run["start"], "wall_s": run["wall_s"], "load_before": load_before,
+        "side": side, "start": run["start"], "wall_s": run["wall_s"], "load_before": load_before,
         "load_after": _loads(), "rows": _rows(poller.events, run["start"], lambda path: imgs[Path(path).parent.name]),
         "prep_job_s": {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"] in PREP_RULES and "end" in j},
         "stage_job_s": {j["stage"]: j["end"] - j["start"] for j in jobs if j["rule"] == "train_stage" and "end" in j},
@@ -249,6 +294,7 @@ def compare(staged: dict, others: list[dict], img: int, targets: dict) -> dict:
 
 def analyse_repeat(runs: list[dict], img: int) -> dict:
     staged = next(r for r in runs if r["side"] == "staged")
+    restart = [r for r in runs if r["side"] == "restart"]
     controls = [r for r in runs if r["side"] == "control"]
     newcomer = [r for r in runs if r["side"] == "newcomer"]
     control_best = max((m for m in (best_map(c["rows"], img) for c in controls) if m is not None), default=None)
@@ -262,9 +308,13 @@ def analyse_repeat(runs: list[dict], img: int) -> dict:
         "control_best_map50": control_best, "newcomer_best_map50": best_map(newcomer[0]["rows"], img),
         "vs_control": compare(staged, controls, img, targets),
         "vs_newcomer": compare(staged, newcomer, img, targets),
+        **({"restart_vs_control": compare(restart[0], controls, img, targets),
+            "vs_restart": compare(staged, restart, img, targets),
+            "restart_best_map50": best_map(restart[0]["rows"], img)} if restart else {}),
         "whole_wall_s": {"staged": staged["wall_s"], **{f"control_{c['budget']}": c["wall_s"] for c in controls},
                          "controls_together": sum(c["wall_s"] for c in controls),
-                         f"newcomer_{newcomer[0]['budget']}": newcomer[0]["wall_s"]},  # fmt: skip
+                         f"newcomer_{newcomer[0]['budget']}": newcomer[0]["wall_s"],
+                         **({"restart": restart[0]["wall_s"]} if restart else {})},  # fmt: skip
     }
 
 
@@ -279,7 +329,9 @@ def spread(values: list[float]) -> dict | None:
 def summarise(repeats: list[dict]) -> dict:
     """Per control and target: the ratio's median and min-max over repeats, and how each repeat's figure was got."""
     summary = {}
-    for control in ("vs_control", "vs_newcomer"):
+    for control in ("vs_control", "vs_newcomer", "restart_vs_control", "vs_restart"):
+        if not all(control in r for r in repeats):
+            continue
         per_target = {}
         for name in (*map(str, FIXED_TARGETS), BEST):
             cells = [r[control][name] for r in repeats if name in r[control]]
@@ -317,23 +369,26 @@ def build_inputs(work: Path, args) -> dict:
 
 
 def dataset_plans(inputs: dict, args) -> dict:
+    demo = base_config(inputs["demo"], inputs["weights"], "demo")
+    det = det_config(inputs["det"], inputs["weights"], args.det_img, args.det_frozen, args.det_finetune)
     plans = {
-        "demo": {"config": base_config(inputs["demo"], inputs["weights"], "demo"), "data": inputs["demo"],
+        "demo": {"config": demo, "restart_config": restart_config(demo, RESTART_DEMO_STAGES), "data": inputs["demo"],
                  "img": DEMO_EVAL_IMG, "budgets": args.demo_budgets},
-        "det": {"config": det_config(inputs["det"], inputs["weights"], args.det_img, args.det_frozen,
-                                     args.det_finetune),
+        "det": {"config": det, "restart_config": restart_config(det, det_restart_stages(args.det_frozen,
+                                                                                         args.det_finetune)),
                 "data": inputs["det"], "img": args.det_img, "budgets": args.det_budgets},
     }  # fmt: skip
     if args.smoke:  # every stage one epoch: checks the script, measures nothing
         for plan in plans.values():
-            plan["config"]["stages"] = {k: {**v, "epochs": 1} for k, v in plan["config"]["stages"].items()}
+            for key in ("config", "restart_config"):
+                plan[key]["stages"] = {k: {**v, "epochs": 1} for k, v in plan[key]["stages"].items()}
     return plans
 
 
 def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict | None, cap_s: float) -> list[dict]:
     folder = work / name / f"r{index}"
     budgets = plan["budgets"]
-    order = ["staged", ("control", budgets[0]), "newcomer", *[("control", b) for b in budgets[1:]]]
+    order = ["staged", ("control", budgets[0]), "restart", "newcomer", *[("control", b) for b in budgets[1:]]]
     if index % 2 == 1:
         order.reverse()
     if last_staged is None:  # the control takes the probe's choice from a staged run: the first repeat needs one
@@ -344,6 +399,8 @@ def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict 
         if step == "staged":
             last_staged = run_staged(plan["config"], folder / "staged")
             runs.append(last_staged)
+        elif step == "restart":
+            runs.append(run_staged(plan["restart_config"], folder / "restart", side="restart"))
         elif step == "newcomer":
             data = copy_dataset(plan["data"], folder / "newcomer_data")
             runs.append(run_newcomer(data, str(plan["config"]["model"]["weights"]), max(budgets), plan["img"],
@@ -460,6 +517,14 @@ def markdown(result: dict) -> list[str]:
             note_n = "" if all(k == "measured" for k in n["kinds"]) else f" [{'; '.join(sorted(set(n['kinds'])))}]"
             md.append(f"| {target} ({values}) | {_cell(c['staged_s'], 's')} | {_cell(c['other_s'], 's')} | "
                       f"{_ratio_cell(c)}{note} | {_cell(n['other_s'], 's')} | {_ratio_cell(n)}{note_n} |")
+        if "vs_restart" in s:
+            md += ["", "Before/after: the restart-per-stage recipe (`restart`: every stage a new yolov5 run, the recipe "
+                   "before stages continued one training) on the same machine, in the same repeats.", "",
+                   "| target | restart time | **ratio restart / fair control** | **ratio staged / restart** |",
+                   "|---|---:|---:|---:|"]  # fmt: skip
+            for target in s["vs_control"]:
+                r, v = s["restart_vs_control"][target], s["vs_restart"][target]
+                md.append(f"| {target} | {_cell(r['staged_s'], 's')} | {_ratio_cell(r)} | {_ratio_cell(v)} |")
         md += ["", "| whole wall clock | median (min–max) |", "|---|---:|",
                *[f"| {k} | {_cell(v, 's')} |" for k, v in s["whole_wall_s"].items()],
                "| staged / all control budgets together | "

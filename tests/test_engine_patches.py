@@ -188,19 +188,23 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
 
     import torch
 
+    from stagedyolo.engine.continuation import Continuation
+
     ctx = EngineContext({"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100}, "", True, None,
-                        amp_dtype="bfloat16", torch=torch)  # the bf16 edit applies with amp: bf16 on a GPU
+                        amp_dtype="bfloat16", torch=torch, continuation=Continuation(None, "SGD"))  # fmt: skip
+    # the bf16 edit applies with amp: bf16 on a GPU; the continuation edits wherever a worker runs
     for patch in (p for p in PATCHES if p.phase == "source"):
         assert skip_reason(patch, ctx) is None, patch.name
         patch.apply(ctx)
-    assert len(ctx.source_edits) == 4 and ctx.log_every == patches.LOG_EVERY
+    assert len(ctx.source_edits) == 4 + len(patches.CONTINUATION_EDITS) and ctx.log_every == patches.LOG_EVERY
     source = Path(importlib.util.find_spec("yolov5.train").origin).read_text()
     edited = patched_source(source, ctx.source_edits)
     compile(edited, "train.py", "exec")
     assert "if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(" in edited
     assert "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):" in edited
     assert set(ctx.module_names) == {"_STAGEDYOLO_NOMINAL_BATCH", "_STAGEDYOLO_MIN_WARMUP_ITERS", "_STAGEDYOLO_LOG_EVERY",
-                                     "_STAGEDYOLO_AUTOCAST_DTYPE"}  # fmt: skip
+                                     "_STAGEDYOLO_AUTOCAST_DTYPE", "_STAGEDYOLO_CONTINUATION",
+                                     "_STAGEDYOLO_EPOCHS_BEFORE"}  # fmt: skip
     assert ctx.module_names["_STAGEDYOLO_AUTOCAST_DTYPE"] is torch.bfloat16
     fp16 = ctx_for(device="")
     fp16.amp = True

@@ -99,15 +99,21 @@ def test_the_chain_passes_weights_on(tiny_run):
     plan = {s: json.loads((run / "stages" / s / "stage.json").read_text()) for s in STAGES}
     pretrained = str((run / "demo" / "pretrained.pt").resolve())
     assert plan["smoke"]["weights"] == pretrained and plan["frozen"]["weights"] == pretrained
-    assert plan["finetune"]["weights"] == str((run / "stages" / "frozen" / "weights" / "last.pt").resolve())
-    assert plan["highres"]["weights"] == str((run / "stages" / "finetune" / "weights" / "last.pt").resolve())
+    assert plan["finetune"]["weights"] == str((run / "stages" / "frozen" / "continue.pt").resolve())
+    assert plan["highres"]["weights"] == str((run / "stages" / "finetune" / "continue.pt").resolve())
     assert plan["highres"]["img"] == 96 and plan["frozen"]["freeze"] == 10
 
 
-def test_a_low_lr_stage_trains_at_its_lr(tiny_run):
+def test_the_continuing_stages_take_up_the_training_at_the_handed_over_lr(tiny_run):
     _, run, _ = tiny_run
-    lrs = read_results(run / "stages" / "finetune")[["x/lr0", "x/lr1", "x/lr2"]].to_numpy()
-    assert (lrs > 0).all() and lrs.max() <= 0.0005 * (1 + 1e-6)  # the bias group's warmup LR included
+    for stage, previous in (("finetune", "frozen"), ("highres", "finetune")):
+        record = json.loads((run / "stages" / stage / "stage.json").read_text())["continuation"]
+        assert record["optimizer"] == "restored" and record["lr0_source"] == "the previous stage's handover"
+        handover = torch.load(run / "stages" / previous / "continue.pt", map_location="cpu", weights_only=False)
+        assert record["lr0"] == pytest.approx(handover["optimizer"]["param_groups"][0]["lr"])
+        assert record["ema_updates"] == handover["updates"] > 0
+        first_epoch = read_results(run / "stages" / stage)[["x/lr0", "x/lr1", "x/lr2"]].to_numpy()[0]
+        assert first_epoch == pytest.approx([record["lr0"]] * 3)  # no warmup: every group at the handed-over LR
 
 
 def test_the_frozen_stage_leaves_the_backbone_weights_unchanged(tiny_run):

@@ -78,8 +78,10 @@ def get_probe_stages():
 
 
 def get_stage_weights(wildcards):
-    """The checkpoint a stage starts from: the previous stage's handover (continue.pt: its training continues), its
-    last.pt (previous_weights: a new training from its weights), or the model's weights."""
+    """The checkpoint a stage starts from: the previous stage's handover (continue.pt: its
+    training continues), its last.pt (previous_weights: a new training from its weights), or
+    the model's weights.
+    """
     spec = stage_spec(config, wildcards.stage)
     previous = previous_stage(config, wildcards.stage)
     if spec["continues"]:
