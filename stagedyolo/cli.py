@@ -79,22 +79,55 @@ def _add_report(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
+DEFAULT_CONFIG = Path("config/config.yaml")  # what the Snakefile reads unless told otherwise
+
+
 def cmd_status(args) -> int:
     from stagedyolo.status import latest_run, run_status
 
-    run = Path(args.run) if args.run else latest_run(Path("results"))
+    try:
+        results_dir = configured_results_dir(args.config)
+    except (OSError, ValueError) as error:
+        print(f"stagedyolo status: cannot read the config {args.config}: {error}", file=sys.stderr)
+        return 2
+    run = run_folder(args.run, results_dir) if args.run else latest_run(results_dir)
     if run is None or not run.is_dir():
-        print(f"stagedyolo status: no run folder at {args.run or 'results/<run>'} (give results/<run>)", file=sys.stderr)
+        print(f"stagedyolo status: no run folder at {args.run or f'{results_dir}/<run>'} (give {results_dir}/<run>, "
+              "a run name, or --config with the run's results_dir)", file=sys.stderr)  # fmt: skip
         return 2
     print(run_status(run))
     return 0
+
+
+def configured_results_dir(config: str | None) -> Path:
+    """results_dir of the given config file; without one, of config/config.yaml when there is one, else results."""
+    import yaml
+
+    path = Path(config) if config else DEFAULT_CONFIG
+    if config is None and not path.is_file():
+        return Path("results")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"not valid YAML ({error})") from error
+    if not isinstance(values, dict):
+        raise ValueError("not a YAML mapping of settings")
+    return Path(values.get("results_dir") or "results")
+
+
+def run_folder(run: str, results_dir: Path) -> Path:
+    """A run folder as given, or a run name under results_dir."""
+    return Path(run) if Path(run).is_dir() or len(Path(run).parts) > 1 else results_dir / run
 
 
 def _add_status(sub) -> None:
     p = sub.add_parser("status", help="which stage of a run is training, its epoch, images/s and ETA",
                        description="Read a run's folders (work/<stage>/progress.json, stages/<stage>/timing.json) "
                                    "and print every stage: done, running (epoch, images/s, ETAs), failed or waiting.")
-    p.add_argument("run", nargs="?", help="the run folder, results/<run> (default: the newest under results/)")
+    p.add_argument("run", nargs="?", help="the run folder, <results_dir>/<run>, or a run name (default: the newest "
+                                          "run under results_dir)")  # fmt: skip
+    p.add_argument("--config", help="the config file whose results_dir holds the runs (default: config/config.yaml "
+                                    "when it exists, else results_dir is results)")  # fmt: skip
     p.set_defaults(func=cmd_status)
 
 

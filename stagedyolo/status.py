@@ -4,15 +4,28 @@
 - `work/<stage>/`: a stage that started and was not published yet: `progress.json` (the last epoch's line, see
   stagedyolo.progress), `outcome.json` (the worker ended), `attempts.json` (failed attempts).
 - The order of the stages comes from `run_stages` in the newest plan; an older run without it is listed by time.
+
+A started stage is `running` only while something runs it: a worker process on this machine (`python -m
+stagedyolo.engine.worker <work>/plan.json`, torchrun's ranks included), or a folder written to within HEARTBEAT_S
+(the stage's sampler appends to telemetry.csv every telemetry.interval_s, at most 60 s: a stage on another machine
+of a shared folder, or one between its start and its worker's). Otherwise it is `stopped`: a killed Snakemake
+leaves no outcome.json behind, and its last progress line would read as running forever.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+import psutil
+
 from stagedyolo.jsonio import read_json
 from stagedyolo.progress import PROGRESS_FILE, progress_line
+
+WORKER_MODULE = "stagedyolo.engine.worker"
+HEARTBEAT_S = 180  # three of the longest telemetry interval the config allows
+HEARTBEAT_FILES = ("telemetry.csv", PROGRESS_FILE, "plan.json", "attempts.json")
 
 
 def latest_run(results_dir: Path) -> Path | None:
@@ -51,10 +64,40 @@ def _unpublished(work: Path, now: float) -> str:
         return "finishing (training ended, publishing)"
     retry = f" (attempt {len(attempts) + 1}, last: {attempts[-1]['status']})" if attempts else ""
     progress = read_json(work / PROGRESS_FILE)
+    if not stage_alive(work, now):
+        last = f"; last: {progress_line(progress)}" if progress else ""
+        return (f"stopped   no process runs it (nothing written for {now - last_written(work):.0f} s){last}; "
+                "run snakemake again to resume it")  # fmt: skip
     if not progress:
         return f"starting{retry}"
     age = now - float(progress.get("updated", now))
     return f"running   {progress_line(progress)}  (updated {age:.0f} s ago){retry}"
+
+
+def stage_alive(work: Path, now: float) -> bool:
+    return now - last_written(work) < HEARTBEAT_S or bool(worker_processes(work))
+
+
+def last_written(work: Path) -> float:
+    """When the stage last wrote to its work folder (its sampler, every telemetry.interval_s, while it runs)."""
+    times = [path.stat().st_mtime for path in (work / name for name in HEARTBEAT_FILES) if path.exists()]
+    return max(times, default=0.0)
+
+
+def worker_processes(work: Path) -> list[int]:
+    """PIDs of this machine's processes running the stage's worker on work/plan.json (a relative plan path is the
+    process's own working directory's)."""
+    plan = os.path.realpath(work / "plan.json")
+    pids = []
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        cmdline = process.info["cmdline"] or []
+        if WORKER_MODULE not in cmdline:
+            continue
+        arguments = cmdline[cmdline.index(WORKER_MODULE) + 1 :]
+        cwd = process.info["cwd"] or ""  # unreadable (another user's process): only an absolute path matches
+        if any(os.path.realpath(os.path.join(cwd, arg)) == plan for arg in arguments if cwd or os.path.isabs(arg)):
+            pids.append(process.pid)
+    return pids
 
 
 def run_status(run: Path, now: float | None = None) -> str:
