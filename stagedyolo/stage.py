@@ -94,6 +94,7 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "engine": spec.get("engine") or engine_spec({}, spec.get("engine_mode")),
         "options": {**yolov5_options(spec), **({"noautoanchor": True} if continues else {})},
         "time_budget_s": spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
+        "handover_on_stall": spec.get("handover_on_stall"),
         "work_dir": str(Path(work_dir).resolve()),
         "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     }
@@ -223,7 +224,8 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
               "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
               "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
-              "continuation": outcome.get("continuation"), "tune": tune}  # fmt: skip
+              "continuation": outcome.get("continuation"), "handover_on_stall": outcome.get("handover_on_stall"),
+              "tune": tune}  # fmt: skip
     write_json(stage_dir / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
@@ -249,7 +251,7 @@ def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
         "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
         "nominal_batch": plan["nominal_batch"], "image_cache": outcome.get("image_cache"),
         "patience": plan.get("options", {}).get("patience"), "time_budget_s": plan.get("time_budget_s"),
-        "stopped_by": outcome.get("stopped_by"),
+        "stopped_by": outcome.get("stopped_by"), "handover_on_stall": outcome.get("handover_on_stall"),
         **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
         **outcome.get("sampler", {}),
     }  # fmt: skip

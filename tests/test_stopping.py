@@ -3,6 +3,8 @@
 import io
 import math
 
+import pytest
+
 from stagedyolo.engine.hooks import ValidationSchedule
 from stagedyolo.engine.stopping import EpochStop
 from stagedyolo.jsonio import write_json
@@ -97,3 +99,28 @@ def test_progress_line_and_relay_print_each_epoch_once(tmp_path):
         relay.poll()  # unchanged: not printed again
         write_json(tmp_path / PROGRESS_FILE, {**record, "epoch": 4, "map50": None, "updated": 2.0})
     assert stream.getvalue().splitlines() == [line, "[frozen] epoch 4/6  412.3 img/s  stage ETA 0:00:12  run ETA 1:02:05"]
+
+
+def test_a_phase_hands_over_when_its_gain_per_second_stalls_and_records_the_figures():
+    from stagedyolo.engine.stopping import STALL, GainStall
+
+    times = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    schedule = ValidationSchedule(1, 10)
+    stop = EpochStop(None, schedule, started_at=0.0, clock=lambda: next(times), stall=GainStall(0.25, 0.10))
+    stop.on_train_start()  # t = 0, from the handed-over fitness 0.10
+    assert stop(0, 0.20) is False  # +0.01 / s
+    assert stop(1, 0.28) is False  # +0.008 / s: still >= a quarter of the best
+    assert stop(2, 0.29) is True and stop.reason == STALL  # +0.001 / s < 0.25 * 0.01
+    assert [f["epoch"] for f in stop.stall.figures] == [0, 1, 2]
+    assert stop.stall.figures[0]["gain_per_s"] == pytest.approx(0.01)
+
+
+def test_without_a_handed_over_fitness_the_stall_rule_waits_for_three_validations():
+    from stagedyolo.engine.stopping import GainStall
+
+    times = iter([0.0, 10.0, 20.0, 30.0])
+    stop = EpochStop(None, ValidationSchedule(1, 10), started_at=0.0, clock=lambda: next(times),
+                     stall=GainStall(0.25, None))  # fmt: skip
+    stop.on_train_start()
+    assert stop(0, 0.5) is False and stop(1, 0.6) is False  # one interval: nothing to compare with
+    assert stop(2, 0.6) is True

@@ -49,6 +49,8 @@ def read_handover(path: str | Path, torch) -> dict:
         "ema_updates": int(ckpt["updates"]),
         "recipe_epochs": int(ckpt.get("recipe_epochs", ckpt["epoch"] + 1)),
         "scaler": bool(ckpt.get("scaler")),
+        "fitness": float(ckpt.get("best_fitness") or 0.0),
+        "img": (ckpt.get("opt") or {}).get("imgsz"),
     }
 
 

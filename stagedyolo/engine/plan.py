@@ -20,7 +20,7 @@ from stagedyolo.engine.patches import DEFAULT_MODE
 STAGE_KEYS = (
     "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
     "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters", "engine_mode", "tune", "time_budget_min",
+    "min_warmup_iters", "engine_mode", "tune", "time_budget_min", "handover_on_stall",
 )  # fmt: skip
 
 # yolov5 train.py options a stage may set under yolov5's own names; they reach its `opt` unchanged. The options

@@ -18,7 +18,31 @@ from __future__ import annotations
 import math
 import time
 
-PATIENCE, TIME_BUDGET = "patience", "time_budget"
+PATIENCE, TIME_BUDGET, STALL = "patience", "time_budget", "stall"
+
+
+class GainStall:
+    """Hand over when a phase stops paying: its validated fitness gain per second fell below ``fraction`` of the
+    best gain per second this stage has had. The first interval runs from the stage's start and the fitness the
+    previous stage handed over (``fitness_before``, when it was validated at this stage's image size); without it the
+    rule needs three validations. ``figures`` lists every interval: what the decision was made from."""
+
+    def __init__(self, fraction: float, fitness_before: float | None):
+        self.fraction, self.fitness_before = fraction, fitness_before
+        self.last: tuple[float, float] | None = None
+        self.figures: list[dict] = []
+
+    def begin(self, train_started: float) -> None:
+        if self.fitness_before is not None:
+            self.last = (train_started, self.fitness_before)
+
+    def stalled(self, epoch: int, fitness: float, now: float) -> bool:
+        if self.last is not None:
+            gain_per_s = (fitness - self.last[1]) / max(now - self.last[0], 1e-9)
+            self.figures.append({"epoch": epoch, "fitness": round(fitness, 5), "gain_per_s": gain_per_s})
+        self.last = (now, fitness)
+        rates = [f["gain_per_s"] for f in self.figures]
+        return len(rates) >= 2 and rates[-1] < self.fraction * max(rates)
 
 
 class EpochStop:
@@ -28,11 +52,15 @@ class EpochStop:
       as in yolov5); skipped epochs are never judged.
     - time budget: at the end of an epoch's training, if the time since `started_at` plus one more epoch (the mean
       epoch time so far) would exceed `budget_s`, this epoch is the last: it is validated and saved.
+    - stall (`handover_on_stall`): at a validated epoch whose gain per second stalled (GainStall). The epoch was
+      validated and, unless nosave, saved; the next stage continues from it.
     ``reason`` says which one ended the stage (None: it ran all its epochs).
     """
 
-    def __init__(self, budget_s: float | None, schedule, started_at: float, clock=time.time):
+    def __init__(self, budget_s: float | None, schedule, started_at: float, clock=time.time,
+                 stall: GainStall | None = None):  # fmt: skip
         self.budget_s, self.schedule, self.started_at, self.clock = budget_s, schedule, started_at, clock
+        self.stall = stall
         self.patience = 0
         self.best_fitness, self.best_epoch = 0.0, 0
         self.possible_stop = False  # read by train.py: this epoch is final (validate and save it)
@@ -48,6 +76,8 @@ class EpochStop:
 
     def on_train_start(self, *args):
         self.train_started = self.clock()
+        if self.stall:
+            self.stall.begin(self.train_started)
 
     def on_train_epoch_end(self, epoch):
         if self.first_epoch is None:
@@ -62,6 +92,11 @@ class EpochStop:
         if math.isfinite(fitness) and fitness >= self.best_fitness:
             self.best_epoch, self.best_fitness = epoch, fitness
         if self.reason == TIME_BUDGET:
+            return True
+        if math.isfinite(fitness) and self.stall and self.stall.stalled(epoch, fitness, self.clock()):
+            self.reason = STALL
+            print(f"stagedyolo: handing over at epoch {epoch}: the fitness gain per second fell below "
+                  f"{self.stall.fraction:g} of this stage's best ({self.stall.figures})")  # fmt: skip
             return True
         if math.isfinite(fitness) and self.patience and epoch - self.best_epoch >= self.patience:
             self.reason = PATIENCE

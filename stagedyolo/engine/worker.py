@@ -23,7 +23,7 @@ from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seco
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import exit_when_parent_dies
-from stagedyolo.engine.stopping import EpochStop
+from stagedyolo.engine.stopping import STALL, EpochStop, GainStall
 from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
 
@@ -59,7 +59,7 @@ def main(plan_path: str, plugins=()) -> int:
         serve_ram_cache(plan.get("image_store"), image_cache)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
-    stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start)
+    stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start, stall=gain_stall(plan))
     train.EarlyStopping = stop.early_stopping  # patience and time budget end a stage at an epoch boundary
     register(stop, callbacks)
     register(ProgressReport(plan, timer, schedule, stop), callbacks)
@@ -87,6 +87,9 @@ def main(plan_path: str, plugins=()) -> int:
             if window:
                 outcome["trial"] = window.result()
             outcome["stopped_by"] = stop.reason
+            if stop.stall:
+                outcome["handover_on_stall"] = {"fraction": stop.stall.fraction, "intervals": stop.stall.figures,
+                                                "stalled": stop.reason == STALL}  # fmt: skip
             if continuation:
                 continuation.update(engine.continuation.report)
             write_json(work_dir / "outcome.json", outcome)
@@ -120,6 +123,13 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
     return engine, patches + apply_patches(engine, phases=("source", "module")), amp
 
 
+def gain_stall(plan: dict) -> GainStall | None:
+    """The stage's handover rule (handover_on_stall), starting from the fitness the previous stage handed over."""
+    if not plan.get("handover_on_stall"):
+        return None
+    return GainStall(plan["handover_on_stall"], plan.get("fitness_before"))
+
+
 def take_up_plan(plan: dict, torch) -> dict | None:
     """For a stage that continues the previous one: read what it handed over (stagedyolo.engine.continuation) and
     complete the plan with it, in place: the learning rate to start at (unless the stage named its own lr0) and the
@@ -129,6 +139,8 @@ def take_up_plan(plan: dict, torch) -> dict | None:
         return None
     handover = read_handover(plan["weights"], torch)
     plan["recipe_epochs_before"] = handover["recipe_epochs"]
+    if handover["img"] == plan["img"]:  # a fitness at another image size is not a starting point for this one
+        plan["fitness_before"] = handover["fitness"]
     if plan.get("lr_from_previous"):
         plan["hyp"]["lr0"] = handover["lr"]
     return {"from": plan["weights"], "lr0": plan["hyp"]["lr0"],

@@ -302,7 +302,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     b = meta.get("batch")
     config = {k: meta.get(k) for k in ("batch", "workers", "amp", "amp_dtype", "amp_reason", "img", "cache", "device",
                                         "epochs", "threads", "gpus", "val_period", "plots", "nosave", "nominal_batch",
-                                        "patience", "time_budget_s")}  # fmt: skip
+                                        "patience", "time_budget_s", "handover_on_stall")}  # fmt: skip
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
     sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
           **image_cache_detail(meta.get("image_cache"))}  # fmt: skip
@@ -357,7 +357,8 @@ def _setup_line(sd: dict) -> str:
 
 
 # What `stopped_by` means (stagedyolo.engine.stopping), for timing.md.
-STOP_REASONS = {"patience": "patience, no better fitness on the validated epochs", "time_budget": "its time budget"}
+STOP_REASONS = {"patience": "patience, no better fitness on the validated epochs", "time_budget": "its time budget",
+                "stall": "handover_on_stall, its fitness gain per second stalled"}
 
 
 def timing_markdown(t: dict) -> str:
