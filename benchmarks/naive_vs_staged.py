@@ -8,49 +8,52 @@ control reached in that repeat (any of its epoch budgets). No other target is qu
 Datasets:
 - `demo`: the built-in demo target set (256 train / 64 val images, 160 px) and the demo's pretrained.pt, staged by
   config/config.yaml as shipped (its tuned hyp: AdamW, obj 5.0, cls 1.5, no mosaic, one warmup epoch; its four
-  stages). The pretrained.pt is built once, before the repeats, and not timed; every repeat starts from it.
+  stages: smoke, frozen and finetune at 128 px, highres at the 160-px target). The pretrained.pt is built once,
+  before the repeats, and not timed; every repeat starts from it.
 - `det`: benchmarks/make_det640.py (640x480 JPEGs, 3 shape classes; nothing in stagedyolo was tuned on it),
-  `--det-train`/`--det-val` images (default 320/80), trained at `--det-img` px (default 160: what this shared
-  2-core CPU allows three repeats of). Sized by one pilot run of the fair control alone (not a result): at 96
-  images and 4-8 epochs (the 2026-11-30 run) no side passed mAP50 0.003; at 320 images and 30 epochs the control
-  passed 0.5 at epoch 16. yolov5's default hyp on every side: SGD, lr0 0.01,
-  hyp.scratch-low as is (mosaic 1.0, obj 1.0, cls 0.5, warmup_epochs 3.0). The staged config is config.yaml with
-  that optimizer/lr0/hyp, img `--det-img` everywhere, and the demo's stage layout without highres (det is trained
-  and judged at one size): smoke 2 epochs, frozen `--det-frozen` epochs at freeze 10, finetune `--det-finetune`
-  epochs at lr0/4, default 14 each (the demo's 1:1, and 2 + 14 + 14 = the long control budget's 30 epochs);
-  val_period 3 in both, as the demo's frozen/finetune (each also validates its last epoch). It keeps
-  config.yaml's engine settings (nominal_batch 16, min_warmup_iters 0), which the fair control shares. It starts
-  from the demo's pretrained.pt: no official checkpoint can be fetched offline, and both sides start from it.
-Both staged configs set engine.warm_start: false (every process starts afresh, as after the warm server's removal).
+  `--det-train`/`--det-val` images (default 320/80), target size `--det-img` px (default 160: what this shared
+  2-core CPU allows three repeats of). yolov5's default hyp on every side: SGD, lr0 0.01, hyp.scratch-low as is
+  (mosaic 1.0, obj 1.0, cls 0.5, warmup_epochs 3.0). The staged config is config.yaml with that optimizer/lr0/hyp
+  and the shipped recipe's shape (det_config): 2 + `--det-frozen` + `--det-finetune` epochs (default 30, the long
+  control budget), smoke, a short frozen phase (a third of `--det-frozen`) and the fine-tune at `--det-img` - 32
+  px, the last fifth at `--det-img` with mosaic off, the stages on one LR line (linear_lrf). It keeps config.yaml's
+  engine settings (nominal_batch 16, min_warmup_iters 0), which the fair control shares. It starts from the demo's
+  pretrained.pt: no official checkpoint can be fetched offline, and all sides start from it.
 
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
   model.weights = the pretrained.pt. Clock: from the snakemake call's start (Snakemake's start-up, verify_env,
   prepare_dataset, cache_dataset, the probe and every stage's set-up inside) to the wall-clock stamp of the first
   results.csv row, in any stage, whose validated mAP50 reaches the target. Whole wall clock = the snakemake call.
+- `restart` (before/after, labelled): the same, with the restart-per-stage recipe the project shipped before its
+  stages continued one training (9ca45e2): every stage after the first a new yolov5 run from the previous stage's
+  last.pt (`start_from: previous_weights`), with that recipe's own layout (demo: RESTART_DEMO_STAGES; det: smoke,
+  frozen `--det-frozen`, finetune `--det-finetune` at lr0/4, all at `--det-img`, as the 2026-12 benchmark ran it).
 - `control` (the fair control): one stage with the staged config's stage_defaults (the same optimizer, hyp, lr0,
-  nominal_batch, min_warmup_iters, warmup, batch), freeze 0, validated every epoch, from the same pretrained.pt, run
-  by stagedyolo.stage.build_plan + run_stage (the adapter the train_stage rule runs, without Snakemake or the
-  probe), with the CPU split, batch and cache the most recent staged run of that dataset used (its probe's choice
-  and cache decision). Epoch budgets `--demo-budgets` / `--det-budgets`: each is a full run, so its LR schedule
-  completes; per target the control's time is the best (shortest) of its budgets. Clock: from run_stage's call.
+  nominal_batch, min_warmup_iters, warmup, batch), freeze 0, validated every epoch, at the evaluation size, from the
+  same pretrained.pt, run by stagedyolo.stage.build_plan + run_stage (the adapter the train_stage rule runs, without
+  Snakemake or the probe), with the CPU split, batch and cache the most recent staged run of that dataset used (its
+  probe's choice and cache decision). Epoch budgets `--demo-budgets` / `--det-budgets`: each is a full run, so its LR
+  schedule completes; per target the control's time is the best (shortest) of its budgets. Clock: from run_stage's
+  call.
 - `newcomer` (a second, clearly labelled row: not the fair control): bare `python -m yolov5.train` with yolov5's
   defaults (hyp.scratch-low, SGD, plots, --workers 8 capped at the cores, OMP_NUM_THREADS 2, batch 16, yolov5's
   nominal batch 64 and 100-iteration warmup floor), the longest control budget, from the same pretrained.pt,
-  stopped at `--cap-s` (150 s): in the smoke run its oversubscribed CPU split (2 loader workers and 2 torch threads
-  on 2 shared cores) was many times slower than the stages', which three repeats cannot afford; where it misses a
-  target within the cap, its ratios are bounds.
+  stopped at `--cap-s` (150 s); where it misses a target within the cap, its ratios are bounds.
 
-Same image size on both sides: a row counts for a target only when it was validated at the dataset's evaluation
-size, which is the controls' and newcomer's img: 128 for the demo (its smoke/frozen/finetune stages; the highres
-stage's 160-px rows are listed but never count) and `--det-img` for det (all its stages).
+Same image size on every side: a row counts for a target only when it was validated at the dataset's evaluation
+size, the recipe's target size and the controls' and newcomer's img: 160 for the demo (its highres stage; the
+128-px rows of its earlier stages are listed but never count; the restart recipe's highres is at 160 too) and
+`--det-img` for det. (Until the recipe trained at a smaller size first, the demo was judged at 128, its stages'
+size then.)
 
 Repeats: `--repeats` (>= 3). Each repeat runs demo then det; within a dataset the order alternates between
-repeats (odd: staged, control, newcomer, control; even: control, newcomer, control, staged) so load drift hits both
-sides. os.getloadavg() is recorded before and after every run. Ratios are staged / control (and staged /
-newcomer), per repeat, then median with min-max over repeats. A side that never reaches a target is recorded as
-such: a control that misses it gives `< staged / its longest wall` (a bound), a staged run that misses it gives
-no ratio. The goal (issue 14): ratio <= 0.5 against the fair control on `det`, at each target.
+repeats (odd: staged, control, restart, newcomer, control; even: the reverse) so load drift hits every side.
+os.getloadavg() is recorded before and after every run. Ratios are staged / control (and staged / newcomer,
+restart / control, staged / restart), per repeat, then median with min-max over repeats. A side that never reaches
+a target is recorded as such: an other side that misses it gives `< staged / its longest wall` (a bound), a staged
+run that misses it gives no ratio. Goals (fixed before the run): staged / fair control <= 0.5 at the control's best
+on det (untuned data) and never above 1.0 at a target the control reaches; <= 1.0 at the control's best on the demo.
 
 Run:  python benchmarks/naive_vs_staged.py [--repeats 3] [--demo-budgets 5,10] [--det-budgets 15,30] [--det-img 160]
 Smoke: python benchmarks/naive_vs_staged.py --smoke   (1 repeat, tiny budgets, writes naive_vs_staged_smoke.*)
@@ -80,7 +83,7 @@ from make_det640 import make_det640  # noqa: E402
 FIXED_TARGETS = (0.5, 0.7, 0.9)
 BEST = "control_best"
 PIPELINE_CORES = 2  # run_snakemake's --cores: the whole machine here
-DEMO_EVAL_IMG = 128  # the demo's smoke/frozen/finetune img; its highres rows (160) never count
+DEMO_EVAL_IMG = 160  # the demo recipe's target size (its highres stage); its earlier stages' 128-px rows never count
 GOAL_RATIO = 0.5
 PREP_RULES = ("verify_env", "prepare_dataset", "cache_dataset", "probe")
 
@@ -97,11 +100,11 @@ def base_config(data_yaml: Path, weights: Path, run: str) -> dict:
 # The restart-per-stage recipe as it shipped before stages continued one training (config/config.yaml of 9ca45e2):
 # every stage a new yolov5 run from the previous stage's stripped last.pt (start_from: previous_weights).
 RESTART_DEMO_STAGES = {
-    "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
-    "frozen": {"epochs": 6, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
-    "finetune": {"epochs": 6, "lr0": 0.0005, "val_period": 3, "start_from": "previous_weights"},
+    "smoke": {"epochs": 2, "img": 128, "start_from": "model", "val_period": 2, "nosave": True},
+    "frozen": {"epochs": 6, "img": 128, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
+    "finetune": {"epochs": 6, "img": 128, "lr0": 0.0005, "val_period": 3, "start_from": "previous_weights"},
     "highres": {"epochs": 3, "img": 160, "lr0": 0.0003, "start_from": "previous_weights"},
-}
+}  # fmt: skip
 
 
 def restart_config(config: dict, stages: dict) -> dict:
@@ -121,8 +124,9 @@ def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:
 
 
 def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int) -> dict:
-    """The shipped recipe's shape on det: smoke, a short frozen phase and the fine-tune at the smaller size (img - 32),
-    the last fifth at ``img`` with mosaic off; ``frozen + finetune + 2`` epochs in all, one LR line."""
+    """The shipped recipe's shape on det: smoke, a short frozen phase (validated every epoch, handed over when its
+    gain stalls, as config.yaml's) and the fine-tune at the smaller size (img - 32), the last fifth at ``img`` with
+    mosaic off; ``frozen + finetune + 2`` epochs in all, one LR line."""
     config = base_config(data_yaml, weights, "det")
     defaults = config["stage_defaults"]
     defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
@@ -135,7 +139,8 @@ def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: 
     config["stages"] = {
         "smoke": {"epochs": epochs[0], "img": small, "start_from": "model", "val_period": 2, "nosave": True,
                   "hyp": {"lrf": lrf[0]}},
-        "frozen": {"epochs": epochs[1], "img": small, "freeze": 10, "val_period": 3, "hyp": {"lrf": lrf[1]}},
+        "frozen": {"epochs": epochs[1], "img": small, "freeze": 10, "val_period": 1, "handover_on_stall": 0.25,
+                   "hyp": {"lrf": lrf[1]}},
         "finetune": {"epochs": epochs[2], "img": small, "val_period": 3, "hyp": {"lrf": lrf[2]}},
         "highres": {"epochs": epochs[3], "val_period": 1, "hyp": {"lrf": lrf[3], "mosaic": 0.0}},
     }  # fmt: skip
