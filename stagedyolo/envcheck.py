@@ -347,6 +347,15 @@ def package_notes(versions: dict) -> list[str]:
 # entry points
 
 
+def _process_start_unix() -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
+
+
 def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | None = None) -> dict:
     """All facts. ``torch_info``/``nvml_info`` let tests inject a synthetic machine."""
     t = torch_info if torch_info is not None else torch_facts()
@@ -359,6 +368,8 @@ def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | Non
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "host": host_facts(cache_dir),
         "packages": versions,
+        # the run's first job: the report measures the fixed costs before the first training step from here
+        "job_started_unix": _process_start_unix(),
         "package_warnings": package_warnings(versions),
         "package_notes": package_notes(versions),
     }

@@ -293,10 +293,12 @@ def _diagnoses_md(stages) -> str:
     return "\n".join(out)
 
 
-def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
-    """Write the cross-stage report into ``out_dir``; return {key: path} for every file/dir in FILES."""
+def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict:
+    """Write the cross-stage report into ``out_dir``; return {key: path} for every file/dir in FILES. ``env``: the
+    run's env.json, whose first-job stamp starts the fixed costs' clock (stagedyolo.fixed_costs)."""
     import pandas as pd
 
+    from stagedyolo import fixed_costs
     from stagedyolo.evaluate import markdown as test_markdown
 
     out = Path(out_dir)
@@ -312,8 +314,11 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
     diag_md = _diagnoses_md(stages)
     test = read_json(test_metrics) if test_metrics else None
     test_md = test_markdown(test, heading="##") if test else ""
-    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + test_md
-                                 + "\n" + diag_md + "\n")  # fmt: skip
+    costs = fixed_costs.fixed_costs((read_json(env) or {}).get("job_started_unix") if env else None, stages)
+    data["fixed_costs"] = costs
+    costs_md = fixed_costs.markdown(costs)
+    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + costs_md
+                                 + "\n" + test_md + "\n" + diag_md + "\n")  # fmt: skip
     imgs = "".join(f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
                    for k in ("phases_png", "utilization_png", "throughput_png", "map50_png"))
     diag_html = "".join(
@@ -324,7 +329,7 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
     paths["table_html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"
         f"<h2>Stages</h2>{df.to_html(index=False, na_rep='n/a', float_format=lambda v: f'{v:.4g}')}"
-        f"{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
+        f"{_costs_html(costs_md)}{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
 
     plt = _mpl()
     for key, fn in (("phases_png", plot_phases), ("utilization_png", plot_utilization),
@@ -337,6 +342,12 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None) -> dict:
         paths[key].write_text(text + "\n")
     write_tensorboard(data, paths["tensorboard"])
     return paths
+
+
+def _costs_html(costs_md: str) -> str:
+    import html
+
+    return f"<pre>{html.escape(costs_md)}</pre>"
 
 
 def _test_html(test: dict | None) -> str:
@@ -354,7 +365,7 @@ def _test_html(test: dict | None) -> str:
     return f"<h2>Test split</h2><p>{html.escape(caption(test))}</p>{table}"
 
 
-def build_report_for_rule(timings, summary_md, log_path=None, test_metrics=None, **_unused) -> dict:
+def build_report_for_rule(timings, summary_md, log_path=None, test_metrics=None, env=None, **_unused) -> dict:
     """Snakemake adapter: ``timings`` are the stages' timing.json paths in stage order (stage name = folder name);
     everything is written next to ``summary_md``. Extra keyword arguments are accepted and ignored."""
     import logging
@@ -370,7 +381,7 @@ def build_report_for_rule(timings, summary_md, log_path=None, test_metrics=None,
         log.setLevel(logging.INFO)
     try:
         log.info("report for stages %s -> %s", list(stage_dirs), out_dir)
-        paths = build_report(stage_dirs, out_dir, test_metrics)
+        paths = build_report(stage_dirs, out_dir, test_metrics, env)
         for k, p in paths.items():
             log.info("%s: %s", k, p)
         return paths

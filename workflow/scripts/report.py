@@ -5,4 +5,5 @@ build_report_for_rule(
     summary_md=snakemake.output.md,
     log_path=snakemake.log[0],
     test_metrics=snakemake.input.test_metrics,
+    env=snakemake.input.env,
 )
