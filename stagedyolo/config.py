@@ -172,7 +172,17 @@ def _check_stage(config: dict, stage: str) -> list[str]:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
         problems.append(f"{key}.hyp: {error}")
-    return problems + _check_tune(stage, spec) + _check_yolov5_options(config, stage, spec)
+    checks = _check_tune(stage, spec) + _check_handover(stage, spec) + _check_yolov5_options(config, stage, spec)
+    return problems + checks
+
+
+def _check_handover(stage: str, spec: dict) -> list[str]:
+    """handover_on_stall ends a stage at an epoch yolov5 only saves when nosave is off (the decision comes after the
+    epoch's validation, too late for yolov5 to treat it as final): the next stage would have nothing to continue."""
+    if spec.get("handover_on_stall") and spec.get("nosave"):
+        return [f"stages.{stage}: handover_on_stall needs every epoch saved, and nosave: true saves only the last. "
+                "Set nosave: false or handover_on_stall: null."]  # fmt: skip
+    return []
 
 
 def _check_tune(stage: str, spec: dict) -> list[str]:

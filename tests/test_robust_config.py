@@ -1,6 +1,8 @@
 """Config checks for settings that pass the schema and fail (or hang, or write to the filesystem root) only once the
 pipeline runs. Unit level: the Snakemake dry runs of test_config cover how a check reaches the user."""
 
+import copy
+
 import pytest
 import yaml
 
@@ -26,3 +28,10 @@ def test_tune_on_a_multi_gpu_stage_is_refused_with_the_stage_keys_and_fix():
     assert "30-minute DDP timeout" in message and "Set tune: false for this stage, or gpus: 1" in message
     assert "stages.finetune.tune" not in message
     check_config({**CONFIG, "stages": {**stages, "frozen": {"epochs": 1, "tune": True, "gpus": 1}}})
+
+
+def test_a_stall_handover_with_nosave_is_refused_before_any_job_runs():
+    config = copy.deepcopy(CONFIG)
+    config["stages"]["frozen"]["nosave"] = True
+    with pytest.raises(ConfigError, match=r"stages.frozen: handover_on_stall needs every epoch saved"):
+        check_config(config)
