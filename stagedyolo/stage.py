@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
-from stagedyolo.engine.checkpoint import FINISHED_EPOCH, checkpoint_epoch
+from stagedyolo.engine.checkpoint import FINISHED_EPOCH, CheckpointUnanswered, read_checkpoint
 from stagedyolo.engine.continuation import handover_path
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.plan import (
@@ -32,14 +32,16 @@ from stagedyolo.engine.plan import (
 )
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
-from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
 from stagedyolo.progress import ProgressRelay
 from stagedyolo.probe.stages import compare_prediction
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
-# Plan keys that may differ between a killed run and its resumption without changing what is trained.
-RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "run_stages")
+# Plan keys that may differ between a killed run and its resumption without changing what is trained: the try, and
+# what the machine decides (loader workers and torch threads follow the job's cores, the cache mode its memory).
+RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "workers", "cache", "image_store", "run_stages")
+OWNER_FILE = "stage.owner"
 
 
 class StageFailed(RuntimeError):
@@ -175,9 +177,11 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         else:
             returncode, sampler_info = launch_worker(plan, env, log, work_dir, telemetry_interval)
     wall = time.time() - started
-    outcome = read_json(work_dir / "outcome.json") or {"status": "error", "message": f"worker exited {returncode}"}
+    recorded = read_json(work_dir / "outcome.json")
     if finished:
-        outcome = _finished_outcome(outcome)
+        outcome = _finished_outcome(recorded or {})
+    else:
+        outcome = recorded or {"status": "error", "message": f"worker exited {returncode}"}
     outcome["sampler"] = sampler_info
     if returncode == EXIT_OOM:
         outcome["status"] = "oom"
@@ -284,38 +288,109 @@ def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str |
     """Return (the checkpoint to resume from, whether training already finished), or start from a clean folder.
 
     A checkpoint is reused only when the interrupted run had the same plan, batch included (the digest leaves
-    out only what may change between tries, like the thread count), and only after loading it: yolov5 strips
-    last.pt (epoch -1) before its final validation, so a run killed from then on has finished training and is
-    published as it is (resuming it would fail on every rerun); a checkpoint that does not load is wiped with the
-    rest. Anything else is wiped too: yolov5's --exist-ok into an old folder would append to its results.csv and
-    add a second TensorBoard file. The attempt history survives a wipe, so out-of-memory retries keep halving the
-    batch. The log says which of the three it was.
+    out what may change between tries or machines, like the thread and worker counts), and only after loading it:
+    yolov5 strips last.pt (epoch -1) before its final validation, so a run killed from then on has finished training
+    and is published as it is (resuming it would fail on every rerun). Anything else is wiped: yolov5's --exist-ok
+    into an old folder would append to its results.csv and add a second TensorBoard file. The attempt history
+    survives a wipe, so out-of-memory retries keep halving the batch. Every wipe is logged with its reason.
+    A checkpoint reader that gave no answer (timeout, signal, out of memory) says nothing about the file: the job
+    fails and the folder is kept.
     """
     last = work_dir / "weights" / "last.pt"
-    interrupted = read_json(work_dir / "plan.json")
-    if interrupted and last.exists() and _digest(interrupted) == _digest(plan) and interrupted["batch"] == plan["batch"]:
-        epoch, error = checkpoint_epoch(last, env, log)
-        if epoch == FINISHED_EPOCH:
+    reason = _reason_to_start_over(work_dir, plan)
+    if reason is None:
+        try:
+            state = read_checkpoint(last, env, log)
+        except CheckpointUnanswered as error:
+            raise StageFailed(f"stage {plan['stage']}: {error}. Its work folder {work_dir} is kept as it is: rerun "
+                              "the stage to resume it (it is wiped only when its checkpoint does not load)") from None
+        reason = _unusable_checkpoint(last, state, read_json(work_dir / "outcome.json"))
+        if reason is None and state["epoch"] == FINISHED_EPOCH:
             log.write(f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "
                       "publishing it without training again\n")  # fmt: skip
             return None, True
-        if epoch is not None:
+        if reason is None:
             (work_dir / "outcome.json").unlink(missing_ok=True)
+            _runtime_into_opt_yaml(work_dir, plan)
             return str(last), False
-        log.write(f"stagedyolo: {last} does not load ({error}): starting the stage again\n")
+    if reason:
+        log.write(f"stagedyolo: wiping the work folder {work_dir}: {reason}; the stage trains from its start\n")
     history = read_json(work_dir / "attempts.json")
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
+    _empty_folder(work_dir)
     if history and history.get("digest") == _digest(plan):
         write_json(work_dir / "attempts.json", history)
     return None, False
 
 
+def _reason_to_start_over(work_dir: Path, plan: dict) -> str | None:
+    """Why the work folder holds nothing to resume ('' when it holds nothing at all), or None when it may."""
+    if not any(entry.name != OWNER_FILE for entry in _entries(work_dir)):
+        return ""
+    interrupted = read_json(work_dir / "plan.json")
+    if not interrupted:
+        return "it has no plan.json (a run stopped before it started its worker, or a folder not written by a stage)"
+    if not (work_dir / "weights" / "last.pt").exists():
+        return "it has no weights/last.pt (the interrupted run saved no epoch)"
+    if _digest(interrupted) != _digest(plan):
+        changed = sorted(key for key in {*interrupted, *plan} - {*RUNTIME_KEYS, "batch"}
+                         if interrupted.get(key) != plan.get(key))  # fmt: skip
+        return f"its run had another plan (changed: {', '.join(changed)})"
+    if interrupted["batch"] != plan["batch"]:
+        return f"its run had batch {interrupted['batch']}, this try has batch {plan['batch']}"
+    return None
+
+
+def _unusable_checkpoint(last: Path, state: dict, outcome: dict | None) -> str | None:
+    """Why a checkpoint that was read cannot be resumed or published, or None."""
+    if "error" in state:
+        return f"{last} does not load ({state['error']})"
+    if state.get("nonfinite"):
+        return f"{last} holds non-finite weights ({', '.join(state['nonfinite'][:3])}...)"
+    if state["epoch"] == FINISHED_EPOCH and (outcome or {}).get("status") == "nonfinite":
+        return f"the run that finished {last} stopped on a non-finite loss ({outcome.get('message', '')})"
+    return None
+
+
+def _runtime_into_opt_yaml(work_dir: Path, plan: dict) -> None:
+    """yolov5's --resume reloads the interrupted run's opt.yaml: give it this machine's loader workers and cache
+    (runtime settings, left out of the digest), not the ones of the machine or core count it was killed on."""
+    import yaml
+
+    path = work_dir / "opt.yaml"
+    opt = yaml.safe_load(path.read_text()) if path.exists() else None
+    if not isinstance(opt, dict):
+        return
+    opt.update(workers=plan["workers"], cache=plan["cache"])
+    with replaced_atomically(path) as handle:
+        handle.write(yaml.safe_dump(opt, sort_keys=False))
+
+
+def _entries(folder: Path) -> list[Path]:
+    return list(folder.iterdir()) if folder.is_dir() else []
+
+
+def _empty_folder(folder: Path) -> None:
+    """Remove everything in `folder` but the owner file, which the running supervisor holds (stage_owner)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in _entries(folder):
+        if entry.name == OWNER_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def _finished_outcome(outcome: dict) -> dict:
     """The outcome of a run that finished training but was stopped before it was published: the worker's own
-    record when it got to write one (a kill while publishing), else what is known without it."""
+    record when it got to write one (a kill while publishing, or a failure after its last epoch, which is named),
+    else what is known without it. (A record of a non-finite loss never gets here: its checkpoint is wiped.)"""
     if outcome.get("status") == "ok":
         return {**outcome, "message": "published from a finished checkpoint"}
+    if outcome.get("status"):
+        return {**outcome, "status": "ok",
+                "message": f"published from a finished checkpoint; the attempt that trained it failed after its last "
+                           f"epoch ({outcome['status']}: {outcome.get('message', '')})"}  # fmt: skip
     return {"status": "ok", "amp": None, "amp_reason": "not recorded: the run was stopped before it reported",
             "device": None, "message": "published from a finished checkpoint; its timing was not recorded"}  # fmt: skip
 
