@@ -265,9 +265,7 @@ def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval
     """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
     plan_path = work_dir / "plan.json"
     write_json(plan_path, plan)
-    gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
-    argv, env = build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
-                                    stage=plan["stage"])  # fmt: skip
+    argv, env = worker_command(plan, plan_path, env)
     samplers = []
 
     def start_sampler(pid: int) -> None:  # samples the worker's whole process tree, ranks and loaders included
@@ -282,6 +280,14 @@ def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval
         for sampler in samplers:
             sampler.stop()
     return returncode, samplers[0].info() if samplers else {}
+
+
+def worker_command(plan: dict, plan_path: Path, env: dict) -> tuple[list[str], dict]:
+    """The worker's argv and environment: on the GPUs the stage's device names among the visible ones (explicit
+    indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable)."""
+    gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
+    return build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
+                               stage=plan["stage"], device=plan["device"])  # fmt: skip
 
 
 def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str | None, bool]:

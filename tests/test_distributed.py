@@ -123,6 +123,43 @@ def test_yolov5_device_never_names_gpu_ids_that_yolov5_would_write_into_cuda_vis
     assert yolov5_device(1) == yolov5_device(4) == ""
 
 
+@pytest.mark.parametrize(("visible", "device", "gpus", "chosen"), [
+    ("4,5", "1", 1, "5"),  # the second GPU the scheduler gave, not physical GPU 1
+    ("GPU-a,GPU-b,GPU-c", "0,2", 2, "GPU-a,GPU-c"),
+    (None, "1", 1, "1"),  # nothing hidden: the indices are CUDA's own
+])  # fmt: skip
+def test_an_explicit_device_picks_among_the_visible_gpus_and_yolov5_is_given_none(visible, device, gpus, chosen):
+    from stagedyolo.engine.worker import resolve_device
+
+    scheduler_env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    argv, env = build_stage_command(WORKER, gpus, 8, python="/py", env=scheduler_env, device=device)
+    assert env["CUDA_VISIBLE_DEVICES"] == chosen
+    assert resolve_device(device, True, env) == ""  # so select_device leaves CUDA_VISIBLE_DEVICES alone
+    assert resolve_device(device, True, scheduler_env) == device  # outside a stage launch: as before
+
+
+def test_the_stage_launches_its_worker_on_the_named_visible_gpu(tmp_path, monkeypatch):
+    from stagedyolo.stage import worker_command
+
+    plan = {"stage": "finetune", "device": "1", "gpus": 1, "batch": 8}
+    _, env = worker_command(plan, tmp_path / "plan.json", {"CUDA_VISIBLE_DEVICES": "4,5"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"
+    # What the worker does with it: yolov5's select_device, given the resolved device, keeps the scheduler's GPU.
+    monkeypatch.setattr(os, "environ", dict(env))
+    from stagedyolo.engine.worker import resolve_device
+    from yolov5.utils.torch_utils import select_device
+
+    select_device(resolve_device(plan["device"], cuda_available=True))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+
+
+def test_an_explicit_device_the_scheduler_did_not_give_is_rejected():
+    with pytest.raises(LaunchError, match=r"device '2': GPU index 2 is not among the 2 that CUDA_VISIBLE_DEVICES='4,5'"):
+        build_stage_command(WORKER, 1, 8, env={"CUDA_VISIBLE_DEVICES": "4,5"}, stage="finetune", device="2")
+    with pytest.raises(LaunchError, match=r"device '0' names 1 GPU\(s\) but gpus is 2"):
+        build_stage_command(WORKER, 2, 8, env={}, stage="finetune", device="0")
+
+
 def _option(argv, name):
     return argv[argv.index(name) + 1]
 

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from stagedyolo.dataset.image_store import serve_ram_cache
@@ -22,7 +23,7 @@ from stagedyolo.engine.hooks import close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
-from stagedyolo.launch import exit_when_parent_dies
+from stagedyolo.launch import STAGE_DEVICES_ENV, exit_when_parent_dies, explicit_gpu_indices
 from stagedyolo.engine.stopping import STALL, EpochStop, GainStall
 from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
@@ -149,14 +150,23 @@ def take_up_plan(plan: dict, torch) -> dict | None:
             "autoanchor": "off: it ran once, in the first stage"}  # fmt: skip
 
 
-def resolve_device(device: str, cuda_available: bool) -> str:
-    """The yolov5 --device string: '' (first CUDA device), 'cpu', or CUDA indices such as '0,1'."""
+def resolve_device(device: str, cuda_available: bool, env: Mapping[str, str] | None = None) -> str:
+    """The yolov5 --device string: '' (the first visible CUDA device(s)), 'cpu', or CUDA indices such as '0,1'.
+
+    yolov5's select_device writes explicit indices into CUDA_VISIBLE_DEVICES, replacing the GPUs a scheduler assigned
+    ("1" under "4,5" would train on physical GPU 1). The stage launcher maps them onto the visible GPUs itself
+    (launch.stage_gpu_env) and marks the result (STAGE_DEVICES_ENV); under it, explicit indices become ''.
+    """
+    env = os.environ if env is None else env
     device = str(device).strip().lower()
     if device == "auto":
         return "" if cuda_available else "cpu"
     if device == "cuda":
         # Not "0": yolov5 writes --device into CUDA_VISIBLE_DEVICES, which would override the scheduler's choice.
         return ""
+    narrowed = env.get(STAGE_DEVICES_ENV)
+    if explicit_gpu_indices(device) and narrowed is not None and narrowed == env.get("CUDA_VISIBLE_DEVICES"):
+        return ""  # the visible GPUs are exactly the ones the setting named, in its order
     return device
 
 

@@ -3,9 +3,11 @@
 from .command import (
     DDP_TIMEOUT_ENV,
     DEFAULT_DDP_TIMEOUT_S,
+    STAGE_DEVICES_ENV,
     LaunchError,
     build_stage_command,
     check_total_batch,
+    explicit_gpu_indices,
     stage_gpu_env,
     threads_per_rank,
     visible_gpus,
@@ -18,8 +20,9 @@ from .ports import free_port
 from .supervisor import SupervisedResult, run_supervised, start_session, supervise
 
 __all__ = [
-    "DDP_TIMEOUT_ENV", "DEFAULT_DDP_TIMEOUT_S", "LR_SCALING_MODES", "LaunchError", "SupervisedResult",
-    "bound_init_process_group_timeout", "build_stage_command", "check_total_batch", "exit_when_parent_dies",
-    "free_port", "parent_death_preexec", "run_supervised", "scaled_lr0", "stage_gpu_env", "start_session",
-    "supervise", "threads_per_rank", "visible_gpus", "yolov5_accumulate", "yolov5_device",
+    "DDP_TIMEOUT_ENV", "DEFAULT_DDP_TIMEOUT_S", "LR_SCALING_MODES", "STAGE_DEVICES_ENV", "LaunchError",
+    "SupervisedResult", "bound_init_process_group_timeout", "build_stage_command", "check_total_batch",
+    "exit_when_parent_dies", "explicit_gpu_indices", "free_port", "parent_death_preexec", "run_supervised",
+    "scaled_lr0", "stage_gpu_env", "start_session", "supervise", "threads_per_rank", "visible_gpus",
+    "yolov5_accumulate", "yolov5_device",
 ]

@@ -13,6 +13,9 @@ DDP_TIMEOUT_ENV = "STAGEDYOLO_DDP_TIMEOUT_S"
 DEFAULT_DDP_TIMEOUT_S = 30 * 60
 # How long torchrun waits after SIGTERM before it SIGKILLs the ranks (its own default is 30 s).
 DEFAULT_RANK_SHUTDOWN_S = 5
+# Set beside CUDA_VISIBLE_DEVICES when the launcher narrowed it to exactly the stage's GPUs: the worker then names no
+# GPU ids to yolov5 (engine.worker.resolve_device), whose select_device would write them into CUDA_VISIBLE_DEVICES.
+STAGE_DEVICES_ENV = "STAGEDYOLO_STAGE_DEVICES"
 
 
 class LaunchError(ValueError):
@@ -51,12 +54,27 @@ def yolov5_device(gpus: int) -> str:
     return "cpu" if gpus == 0 else ""
 
 
-def stage_gpu_env(gpus: int, env: Mapping[str, str], stage: str = "<stage>") -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES for the stage: the first ``gpus`` of the scheduler's set, or 0..gpus-1 when unset."""
+def explicit_gpu_indices(device: str | None) -> list[int] | None:
+    """The CUDA indices a device setting names ('0', '0,1'), or None for 'auto', 'cuda', 'cpu' and the like."""
+    parts = [part.strip() for part in str(device or "").split(",")]
+    if not all(part.isdigit() for part in parts):
+        return None
+    return [int(part) for part in parts]
+
+
+def stage_gpu_env(
+    gpus: int, env: Mapping[str, str], stage: str = "<stage>", device: str | None = None
+) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for the stage: the GPUs an explicit ``device`` ('1', '0,2') names among the visible ones,
+    else the first ``gpus`` of the scheduler's set, or 0..gpus-1 when it is unset. Indices count the visible GPUs, as
+    torch's cuda:N does, so "device: 1" under the scheduler's "4,5" is GPU 5, never physical GPU 1."""
     if gpus == 0:
         return {}
     visible = visible_gpus(env)
-    if visible is None:
+    indices = explicit_gpu_indices(device)
+    if indices is not None:
+        chosen = _named_gpus(indices, visible, gpus, env, stage, device)
+    elif visible is None:
         chosen = [str(index) for index in range(gpus)]
     elif len(visible) < gpus:
         raise LaunchError(
@@ -65,7 +83,23 @@ def stage_gpu_env(gpus: int, env: Mapping[str, str], stage: str = "<stage>") -> 
         )
     else:
         chosen = visible[:gpus]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), STAGE_DEVICES_ENV: ",".join(chosen)}
+
+
+def _named_gpus(indices: list[int], visible: list[str] | None, gpus: int, env: Mapping[str, str], stage: str,
+                device: str | None) -> list[str]:  # fmt: skip
+    if len(indices) < gpus:
+        raise LaunchError(f"stages.{stage}.device {device!r} names {len(indices)} GPU(s) but gpus is {gpus}: name "
+                          f"{gpus} indices, or use device: cuda for the first {gpus} visible ones")  # fmt: skip
+    if visible is None:  # nothing hidden: the indices are CUDA's own
+        return [str(index) for index in indices[:gpus]]
+    missing = [index for index in indices[:gpus] if index >= len(visible)]
+    if missing:
+        raise LaunchError(
+            f"stages.{stage}.device {device!r}: GPU index {missing[0]} is not among the {len(visible)} that "
+            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} leaves visible (indices count the visible GPUs)"
+        )
+    return [visible[index] for index in indices[:gpus]]
 
 
 def threads_per_rank(gpus: int, env: Mapping[str, str]) -> int:
@@ -108,6 +142,7 @@ def build_stage_command(
     env: Mapping[str, str] | None = None,
     port: int | None = None,
     stage: str = "<stage>",
+    device: str | None = None,
     ddp_timeout_s: int = DEFAULT_DDP_TIMEOUT_S,
     rank_shutdown_s: int = DEFAULT_RANK_SHUTDOWN_S,
 ) -> tuple[list[str], dict[str, str]]:
@@ -116,6 +151,7 @@ def build_stage_command(
     ``worker_args`` is what follows ``python`` for a single process, e.g. ``["-m", "stagedyolo.engine.worker",
     "plan.json"]``. ``batch`` is the stage's total batch. With ``port=None`` the rendezvous store binds port 0, so
     the OS picks a free port at the moment it listens and two stages on one host cannot race for the same port.
+    ``device``: the stage's device setting; explicit indices choose its GPUs among the visible ones (stage_gpu_env).
     """
     if not worker_args:
         raise LaunchError("worker_args is empty: pass at least ['-m', 'stagedyolo.engine.worker', <plan>]")
@@ -124,7 +160,7 @@ def build_stage_command(
     check_total_batch(batch, gpus, stage)
 
     child_env = dict(os.environ if env is None else env)
-    child_env.update(stage_gpu_env(gpus, child_env, stage))
+    child_env.update(stage_gpu_env(gpus, child_env, stage, device))
     child_env["OMP_NUM_THREADS"] = str(threads_per_rank(gpus, child_env))
     if gpus <= 1:
         return [python, *worker_args], child_env
