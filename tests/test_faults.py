@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.engine.hooks import FaultInjection
+from stagedyolo.engine.hooks import FaultInjection, NonFiniteLoss, NonFiniteLossGuard
 from stagedyolo.stage import StageFailed, build_plan, run_stage
 
 SPEC = {
@@ -58,6 +58,28 @@ def test_an_out_of_memory_failure_is_retried_at_half_the_batch(tmp_path, tiny_da
     assert timing["config"]["batch"] == 4
     findings = json.loads((tmp_path / "stages" / "s" / "diagnosis.json").read_text())["findings"]
     assert findings[0]["code"] == "batch_reduced_after_oom" and findings[0]["change"] == "stages.s.batch: 4"
+
+
+def test_a_nan_in_the_last_batches_of_an_epoch_is_caught_at_its_end_when_the_guard_checks_every_tenth():
+    """Fast mode on CUDA checks batches 0, 10, 20...: a NaN in the final epoch's last 9 batches has no next epoch
+    to show up in, so the epoch's last batch is checked too, before yolov5 validates and saves the epoch."""
+    callbacks = type("Callbacks", (), {"stop_training": False})()
+    guard = NonFiniteLossGuard("finetune", lr0=0.002, every=10)
+    guard.callbacks = callbacks
+    for ni in range(15):  # the running mean loss turns NaN at batch 12 and stays NaN
+        guard.on_train_batch_end(None, ni, None, None, None, [torch.tensor(float("nan") if ni >= 12 else 0.1)] * 3)
+    assert not callbacks.stop_training and guard.message is None  # batches 0 and 10 were finite
+    with pytest.raises(NonFiniteLoss, match="became nan at iteration 14 \\(epoch 0\\)"):
+        guard.on_train_epoch_end(epoch=0)
+    assert "stages.finetune.lr0: 0.0002" in guard.message
+
+
+def test_a_last_pt_with_non_finite_weights_is_never_published(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv(FaultInjection.ENV, "nan_weights@final")  # the loss stays finite: only the weights say it
+    with pytest.raises(StageFailed, match="nonfinite.*last.pt holds non-finite weights"):
+        run(tmp_path, tiny_data, attempt=1, epochs=1)
+    assert not (tmp_path / "stages" / "s" / "timing.json").exists()
+    assert not (tmp_path / "stages" / "s" / "weights" / "last.pt").exists()
 
 
 @pytest.mark.exclusive  # "at once" is timed

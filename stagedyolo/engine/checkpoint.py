@@ -65,6 +65,17 @@ def nonfinite_weights(checkpoint: dict, torch) -> list[str]:
     return bad
 
 
+def nonfinite_checkpoints(paths: list[Path], torch) -> str | None:
+    """Why the first of `paths` (those that exist) must not be published, its weights being non-finite, or None."""
+    for path in (path for path in paths if path.exists()):
+        bad = nonfinite_weights(torch.load(path, map_location="cpu", weights_only=False), torch)
+        if bad:
+            return (f"{path.name} holds non-finite weights after training ({', '.join(bad[:3])}...), though the loss "
+                    "read finite where it was checked: the stage is not published. Usual causes: the learning rate "
+                    "is too high, or AMP (fp16) overflows; try a tenth of its lr0, or amp: false.")  # fmt: skip
+    return None
+
+
 def main(path: str, out: str) -> int:
     import torch
 

@@ -85,6 +85,11 @@ class ValidationSchedule:
         return run_on_schedule
 
 
+class NonFiniteLoss(RuntimeError):
+    """The loss of an epoch's last batches was non-finite: raised at the epoch's end, before yolov5 validates and
+    saves the poisoned weights over the last good last.pt."""
+
+
 class NonFiniteLossGuard:
     """Stops training within one iteration of the loss turning NaN/Inf, instead of burning hours on it.
 
@@ -92,7 +97,9 @@ class NonFiniteLossGuard:
     check reads values the progress bar already synchronised, so it adds no GPU sync. With `every` > 1 (the
     patch table's sync_every_batches, where the progress bar formats the loss only every N batches) it checks
     batches 0, N, 2N... of each epoch, which the bar formats too, so it adds no sync there either; a NaN stops
-    training within N batches (NaN weights keep the next epoch's loss NaN from its batch 0).
+    training within N batches. The epoch's last batch is checked too (one sync per epoch): its running mean covers
+    the batches after the last check, and the final epoch has no next one to see them. A NaN found there raises
+    NonFiniteLoss, since yolov5 reads stop_training only inside its batch loop and would save the epoch first.
     """
 
     def __init__(self, stage: str, lr0: float, every: int = 1):
@@ -101,6 +108,7 @@ class NonFiniteLossGuard:
         self.callbacks = None
         self.epoch = 0
         self.batches = 0  # batches of this epoch so far
+        self.unchecked: tuple | None = None  # (ni, mloss) of the epoch's latest batch, when it was not checked
 
     def attach(self, callbacks) -> None:
         self.callbacks = callbacks
@@ -108,19 +116,28 @@ class NonFiniteLossGuard:
 
     def on_train_batch_end(self, model, ni, imgs, targets, paths, mloss):
         self.batches += 1
+        self.unchecked = (ni, mloss)
         if (self.batches - 1) % self.every:
             return
+        self.unchecked = None
+        if self._found_nonfinite(ni, mloss):
+            self.callbacks.stop_training = True
+
+    def on_train_epoch_end(self, epoch):
+        unchecked, self.unchecked = self.unchecked, None
+        if unchecked and self._found_nonfinite(*unchecked):
+            raise NonFiniteLoss(self.message)
+        self.epoch, self.batches = epoch + 1, 0
+
+    def _found_nonfinite(self, ni, mloss) -> bool:
         values = [float(v) for v in mloss]
         if all(math.isfinite(v) for v in values):
-            return
+            return False
         bad = next(v for v in values if not math.isfinite(v))
         self.message = NONFINITE_LOSS_HELP.format(
             value=bad, ni=ni, epoch=self.epoch, stage=self.stage, lr0=self.lr0, lower_lr0=self.lr0 / 10
         )
-        self.callbacks.stop_training = True
-
-    def on_train_epoch_end(self, epoch):
-        self.epoch, self.batches = epoch + 1, 0
+        return True
 
 
 class FaultInjection:
@@ -131,6 +148,8 @@ class FaultInjection:
     - `sleep@S`: sleep S seconds after every batch (keeps a stage running long enough to be killed).
     - `stall@final_val`: once the final epoch is saved, hang in the final validation (so a test can kill the stage
       after yolov5 has stripped last.pt).
+    - `nan_weights@final`: poison the final epoch's saved last.pt (model and EMA) while the loss stays finite, so
+      only the check of the weights after training can see it.
     """
 
     ENV = "STAGEDYOLO_TEST_FAULT"
@@ -153,6 +172,14 @@ class FaultInjection:
 
     def on_model_save(self, last, epoch, final_epoch, best_fitness, fi):
         self.final_epoch_saved = self.final_epoch_saved or bool(final_epoch)
+        if self.kind == "nan_weights" and self.arg == "final" and final_epoch:
+            import torch
+
+            checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+            with torch.no_grad():
+                for parameter in (p for key in ("model", "ema") for p in checkpoint[key].parameters()):
+                    parameter.fill_(float("nan"))
+            torch.save(checkpoint, last)
 
     def on_val_start(self):
         if self.kind == "stall" and self.arg == "final_val" and self.final_epoch_saved:

@@ -18,8 +18,9 @@ from pathlib import Path
 from stagedyolo.dataset.image_store import serve_ram_cache
 from stagedyolo.engine import compat
 from stagedyolo.engine.amp import decide_amp
-from stagedyolo.engine.continuation import Continuation, read_handover
-from stagedyolo.engine.hooks import close_engine_loggers, register
+from stagedyolo.engine.checkpoint import nonfinite_checkpoints
+from stagedyolo.engine.continuation import Continuation, handover_path, read_handover
+from stagedyolo.engine.hooks import NonFiniteLoss, close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
@@ -73,6 +74,10 @@ def main(plan_path: str, plugins=()) -> int:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:
             outcome.update(status="nonfinite", message=guard.message)
+        elif REPORTING_RANK and (unpublishable := nonfinite_checkpoints(_trained_checkpoints(work_dir), torch)):
+            outcome.update(status="nonfinite", message=unpublishable)  # a NaN the loss guard could not see
+    except NonFiniteLoss:  # found at an epoch's end, before yolov5 saved that epoch
+        outcome.update(status="nonfinite", message=guard.message)
     except torch.cuda.OutOfMemoryError as error:
         outcome.update(status="oom", message=str(error).splitlines()[0])
     except BaseException as error:  # recorded for the supervisor, then re-raised with its traceback
@@ -100,9 +105,15 @@ def main(plan_path: str, plugins=()) -> int:
         print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
         return EXIT_OOM
     if outcome["status"] == "nonfinite":
-        print(f"stagedyolo: {guard.message}", file=sys.stderr)
+        print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
         return EXIT_NONFINITE
     return 0
+
+
+def _trained_checkpoints(work_dir: Path) -> list[Path]:
+    """What the supervisor publishes as the stage's weights: last.pt and the handover made from it."""
+    last = work_dir / "weights" / "last.pt"
+    return [last, handover_path(last)]
 
 
 def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
