@@ -9,6 +9,9 @@ Layout for a stage S of run R:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +36,7 @@ from stagedyolo.engine.plan import (
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
-from stagedyolo.launch import build_stage_command, run_supervised, scaled_lr0
+from stagedyolo.launch import OWNER_FILE, FolderOwned, build_stage_command, owning, run_supervised, scaled_lr0
 from stagedyolo.progress import ProgressRelay
 from stagedyolo.probe.stages import compare_prediction
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
@@ -41,7 +44,6 @@ from stagedyolo.telemetry import Sampler, build_timing, write_timing
 # Plan keys that may differ between a killed run and its resumption without changing what is trained: the try, and
 # what the machine decides (loader workers and torch threads follow the job's cores, the cache mode its memory).
 RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "workers", "cache", "image_store", "run_stages")
-OWNER_FILE = "stage.owner"
 
 
 class StageFailed(RuntimeError):
@@ -138,16 +140,17 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         return build_plan({**spec, **changes}, **settings)
 
     engine_home = Path(run_dir) / "engine"
-    plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
-    if spec.get("tune"):
-        from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
+    with _owned(settings["work_dir"], stage):  # its tune trials too: one supervisor per stage
+        plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
+        if spec.get("tune"):
+            from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
 
-        plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
-                                window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
-    outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
-                        telemetry_interval=config["telemetry"]["interval_s"], tune=tune,
-                        prediction=(tuning.get("stages") or {}).get(stage))  # fmt: skip
-    shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
+            plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
+                                    window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+        outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
+                            telemetry_interval=config["telemetry"]["interval_s"], tune=tune,
+                            prediction=(tuning.get("stages") or {}).get(stage))  # fmt: skip
+        shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
     return outcome
 
 
@@ -155,8 +158,24 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
               telemetry_interval: float = 1.0, tune: dict | None = None, prediction: dict | None = None) -> dict:  # fmt: skip
     """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
     ``tune``: the record of the tune trials that chose this plan, published with the stage. ``prediction``: the
-    probe's predicted steady images/s for this stage (tuning.json `stages`), set beside the measured one."""
+    probe's predicted steady images/s for this stage (tuning.json `stages`), set beside the measured one.
+    The work folder is owned by one supervisor at a time (launch.owning): a second one is refused."""
     work_dir, stage_dir = Path(plan["work_dir"]), Path(stage_dir)
+    with _owned(work_dir, plan["stage"]):
+        ready = _ready_folder(stage_dir, plan)
+        if ready.is_dir():  # published by a run killed while it cleaned up: nothing to train again
+            with open(log_path, "a") as log:
+                log.write(f"stagedyolo: {ready} is this stage, published by a run stopped while it removed its work "
+                          "folder: it becomes the stage's folder without training again\n")  # fmt: skip
+            _swap_in(ready, stage_dir, work_dir)
+            return {"status": "ok", "message": f"published from {ready.name}"}
+        return _train_and_publish(plan, stage_dir, attempt, log_path, engine_home, telemetry_interval, tune,
+                                  prediction)  # fmt: skip
+
+
+def _train_and_publish(plan: dict, stage_dir: Path, attempt: int, log_path, engine_home, telemetry_interval: float,
+                       tune: dict | None, prediction: dict | None) -> dict:  # fmt: skip
+    work_dir = Path(plan["work_dir"])
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
     if attempt > 1 and attempts and attempts[-1]["status"] != "oom":
@@ -209,20 +228,40 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
 
 def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
             tune: dict | None = None, prediction: dict | None = None) -> str:  # fmt: skip
-    """Copy the finished run's artefacts into the stage's output folder, write its timing report and diagnosis,
-    then drop the work folder. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune),
-    kept in stage.json and timing.json."""
-    (stage_dir / "weights").mkdir(parents=True, exist_ok=True)
+    """Publish the finished run: its artefacts, timing report and diagnosis go into a fresh folder beside the stage's
+    output folder, which then replaces it, so a rerun's folder never holds the previous run's best.pt, epoch<N>.pt or
+    TensorBoard events. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune), kept in
+    stage.json and timing.json.
+
+    The order keeps the stage whole whatever stops it: the new folder is complete (renamed from `.S.publishing` to
+    `.S.published-<digest>`) before the work folder is emptied, and the work folder is emptied before the swap. A run
+    stopped before that point still has its work folder (the rerun publishes again); one stopped after it has the
+    complete folder, which the rerun swaps in (run_stage). The old output folder is removed only after the swap.
+    """
+    building = _sibling(stage_dir, "publishing")
+    shutil.rmtree(building, ignore_errors=True)
+    findings = _write_published(building, work_dir, plan, outcome, attempts, wall, tune, prediction)
+    ready = _ready_folder(stage_dir, plan)
+    shutil.rmtree(ready, ignore_errors=True)
+    os.rename(building, ready)
+    _swap_in(ready, stage_dir, work_dir)
+    return verdict_line(plan["stage"], findings)
+
+
+def _write_published(folder: Path, work_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
+                     tune: dict | None, prediction: dict | None) -> list:  # fmt: skip
+    """Copy the finished run's artefacts into `folder` and write its stage.json, timing and diagnosis."""
+    (folder / "weights").mkdir(parents=True)
     # epoch<N>.pt: the save_period checkpoints, kept since the user asked for them
     for path in [work_dir / "weights" / "last.pt", work_dir / "weights" / "best.pt",
                  *sorted((work_dir / "weights").glob("epoch*.pt"))]:  # fmt: skip
         if path.exists():
-            shutil.copy2(path, stage_dir / "weights" / path.name)
+            shutil.copy2(path, folder / "weights" / path.name)
     for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
                  handover_path(work_dir / "weights" / "last.pt"),
                  *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
         if path.exists():
-            shutil.copy2(path, stage_dir / path.name)
+            shutil.copy2(path, folder / path.name)
     record = {**plan, "amp_used": outcome.get("amp"), "amp_dtype": outcome.get("amp_dtype"),
               "amp_reason": outcome.get("amp_reason"),
               "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
@@ -230,19 +269,47 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
               "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
               "continuation": outcome.get("continuation"), "handover_on_stall": outcome.get("handover_on_stall"),
               "tune": tune}  # fmt: skip
-    write_json(stage_dir / "stage.json", record)
+    write_json(folder / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
-        shutil.copy2(work_dir / "telemetry.csv", stage_dir / "telemetry.csv")
-    timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=stage_dir / "telemetry.csv",
+        shutil.copy2(work_dir / "telemetry.csv", folder / "telemetry.csv")
+    timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=folder / "telemetry.csv",
                           wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
     ran = {**{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
            "batch": plan["batch"] // plan["gpus"], "amp": outcome.get("amp")}  # fmt: skip
     timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"])
-    write_timing(stage_dir, timing)
+    write_timing(folder, timing)
     findings = diagnose(timing)
-    write_diagnosis(stage_dir, findings)
-    shutil.rmtree(work_dir)
-    return verdict_line(plan["stage"], findings)
+    write_diagnosis(folder, findings)
+    return findings
+
+
+# The hidden folders a publish leaves beside the stage's output folder (a stage "s.x" has its own: never matched).
+SIBLING_ROLE = re.compile(r"old|publishing|published-[0-9a-f]{16}")
+
+
+def _sibling(stage_dir: Path, role: str) -> Path:
+    """A hidden folder beside the stage's output folder (Snakemake may have created the output folder already)."""
+    return stage_dir.with_name(f".{stage_dir.name}.{role}")
+
+
+def _ready_folder(stage_dir: Path, plan: dict) -> Path:
+    """Where a complete publish of `plan` waits for its swap: named by the plan's digest, so a rerun takes up only
+    its own plan's."""
+    return _sibling(stage_dir, f"published-{_digest(plan)}")
+
+
+def _swap_in(ready: Path, stage_dir: Path, work_dir: Path) -> None:
+    """Empty the work folder (all but its owner file, removed when the owner lets go), then make `ready` the stage's
+    output folder and remove the old one; other plans' leftovers beside it go too."""
+    _empty_folder(work_dir)
+    old = _sibling(stage_dir, "old")
+    shutil.rmtree(old, ignore_errors=True)
+    if stage_dir.exists():
+        os.rename(stage_dir, old)
+    os.rename(ready, stage_dir)
+    for leftover in stage_dir.parent.glob(f".{stage_dir.name}.*"):
+        if SIBLING_ROLE.fullmatch(leftover.name[len(stage_dir.name) + 2:]):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
@@ -288,6 +355,16 @@ def worker_command(plan: dict, plan_path: Path, env: dict) -> tuple[list[str], d
     gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
     return build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
                                stage=plan["stage"], device=plan["device"])  # fmt: skip
+
+
+@contextlib.contextmanager
+def _owned(work_dir: Path, stage: str):
+    """Own the stage's work folder while the block runs (launch.owning); another live owner fails the stage."""
+    try:
+        with owning(work_dir):
+            yield
+    except FolderOwned as error:
+        raise StageFailed(f"stage {stage}: {error}") from None
 
 
 def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str | None, bool]:

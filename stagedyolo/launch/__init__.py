@@ -15,14 +15,15 @@ from .command import (
 )
 from .ddp_timeout import bound_init_process_group_timeout
 from .lr import LR_SCALING_MODES, scaled_lr0, yolov5_accumulate
-from .parent_watch import exit_when_parent_dies, parent_death_preexec
+from .owner import OWNER_FILE, FolderOwned, owning
+from .parent_watch import exit_when_job_starter_dies, exit_when_parent_dies, parent_death_preexec
 from .ports import free_port
 from .supervisor import SupervisedResult, run_supervised, start_session, supervise
 
 __all__ = [
-    "DDP_TIMEOUT_ENV", "DEFAULT_DDP_TIMEOUT_S", "LR_SCALING_MODES", "STAGE_DEVICES_ENV", "LaunchError",
-    "SupervisedResult", "bound_init_process_group_timeout", "build_stage_command", "check_total_batch",
-    "exit_when_parent_dies", "explicit_gpu_indices", "free_port", "parent_death_preexec", "run_supervised",
-    "scaled_lr0", "stage_gpu_env", "start_session", "supervise", "threads_per_rank", "visible_gpus",
-    "yolov5_accumulate", "yolov5_device",
+    "DDP_TIMEOUT_ENV", "DEFAULT_DDP_TIMEOUT_S", "LR_SCALING_MODES", "OWNER_FILE", "STAGE_DEVICES_ENV",
+    "FolderOwned", "LaunchError", "SupervisedResult", "bound_init_process_group_timeout", "build_stage_command",
+    "check_total_batch", "exit_when_job_starter_dies", "exit_when_parent_dies", "explicit_gpu_indices", "free_port",
+    "owning", "parent_death_preexec", "run_supervised", "scaled_lr0", "stage_gpu_env", "start_session", "supervise",
+    "threads_per_rank", "visible_gpus", "yolov5_accumulate", "yolov5_device",
 ]

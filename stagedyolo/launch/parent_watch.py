@@ -51,6 +51,46 @@ def exit_when_parent_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threadin
     return watcher
 
 
+def exit_when_job_starter_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threading.Thread:
+    """For a Snakemake job's script (the stage supervisor): end this process and its children once the process that
+    started the job is gone, e.g. Snakemake killed with kill -9.
+
+    Snakemake runs a `script:` job as `bash -c '...; python <script>'`, and that bash outlives a SIGKILLed Snakemake,
+    so watching the parent is not enough: every ancestor whose command line runs this script (the job's shells) is
+    watched, and the first one that does not (Snakemake, or whatever ran the script). Each is remembered with its
+    start time, so a reused pid does not pass for it. The ending is exit_when_parent_dies': SIGTERM to this process
+    and its children (a supervisor forwards it to its worker's group), SIGKILL to what is left after ``grace_s``.
+    """
+    import psutil
+
+    from .process_tree import is_running
+
+    starters = _job_starters(psutil.Process(), os.path.basename(sys.argv[0]))
+    label = " and ".join(f"process {starter.pid}" for starter in starters) + " (what started this job)"
+    watcher = threading.Thread(
+        target=_watch, args=(label, lambda: all(is_running(p) for p in starters), poll_s, grace_s),
+        name="exit-when-job-starter-dies", daemon=True,
+    )
+    watcher.start()
+    return watcher
+
+
+def _job_starters(process, script: str) -> list:
+    """The ancestors that exist to run `script` (its shells), and the one above them."""
+    starters = []
+    for ancestor in process.parents():
+        if ancestor.pid == 1:  # orphaned already: init started nothing of ours
+            break
+        starters.append(ancestor)
+        try:
+            runs_script = bool(script) and any(script in part for part in ancestor.cmdline())
+        except Exception:  # psutil.AccessDenied, NoSuchProcess: not one of the job's own shells
+            runs_script = False
+        if not runs_script:
+            break
+    return starters
+
+
 def _watch_parent(parent_pid: int, poll_s: float, grace_s: float) -> None:
     # A parent pid of 1 means we were orphaned before the watch started.
     _watch(f"parent process {parent_pid}", lambda: parent_pid != 1 and os.getppid() == parent_pid, poll_s, grace_s)

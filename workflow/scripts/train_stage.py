@@ -1,4 +1,9 @@
-from stagedyolo.stage import train_stage
+from stagedyolo.launch import exit_when_job_starter_dies
+
+# Snakemake killed (kill -9) must not leave this stage training and publishing on its own: end it with Snakemake.
+exit_when_job_starter_dies()
+
+from stagedyolo.stage import train_stage  # noqa: E402  (the watch starts first)
 
 train_stage(
     snakemake.config,
