@@ -4,7 +4,9 @@ Layout for a stage S of run R:
 - `R/work/S/`: yolov5's own run folder. Not a Snakemake output, so Snakemake's clean-up of a failed or killed
   job never deletes the checkpoint a rerun resumes from.
 - `R/stages/S/`: the published outputs (weights, results.csv, TensorBoard events, stage.json, timing.json),
-  written only when the stage succeeded.
+  written only when the stage succeeded: built in a hidden sibling (`R/stages/.S.publishing`, then
+  `.S.published-<digest>` once complete) that replaces the folder whole (publish).
+- `R/work/S/stage.owner`: the supervisor that runs the stage (pid and start time, flock'ed): one at a time.
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ from stagedyolo.engine.plan import (
 from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
-from stagedyolo.launch import OWNER_FILE, FolderOwned, build_stage_command, owning, run_supervised, scaled_lr0
+from stagedyolo.launch import (
+    OWNER_FILE,
+    FolderOwned,
+    build_stage_command,
+    explicit_gpu_indices,
+    owning,
+    run_supervised,
+    scaled_lr0,
+)
 from stagedyolo.progress import ProgressRelay
 from stagedyolo.probe.stages import compare_prediction
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
@@ -436,7 +446,8 @@ def _unusable_checkpoint(last: Path, state: dict, outcome: dict | None) -> str |
 
 def _runtime_into_opt_yaml(work_dir: Path, plan: dict) -> None:
     """yolov5's --resume reloads the interrupted run's opt.yaml: give it this machine's loader workers and cache
-    (runtime settings, left out of the digest), not the ones of the machine or core count it was killed on."""
+    (runtime settings, left out of the digest), not the ones of the machine or core count it was killed on. Explicit
+    GPU indices become '' as in a new run (worker.resolve_device): a run started before that wrote them there."""
     import yaml
 
     path = work_dir / "opt.yaml"
@@ -444,6 +455,8 @@ def _runtime_into_opt_yaml(work_dir: Path, plan: dict) -> None:
     if not isinstance(opt, dict):
         return
     opt.update(workers=plan["workers"], cache=plan["cache"])
+    if explicit_gpu_indices(plan["device"]) is not None:
+        opt["device"] = ""  # the launcher narrows CUDA_VISIBLE_DEVICES to them
     with replaced_atomically(path) as handle:
         handle.write(yaml.safe_dump(opt, sort_keys=False))
 

@@ -120,6 +120,17 @@ def test_a_restart_with_other_cores_resumes_with_this_machines_workers(tmp_path,
     assert yaml.safe_load((work / "opt.yaml").read_text()) == {"epochs": 6, "workers": again["workers"], "cache": "disk"}
 
 
+def test_a_resumed_run_names_no_gpu_ids_to_yolov5(tmp_path):
+    """yolov5's select_device would write the stage's device "1" into CUDA_VISIBLE_DEVICES (issue 29 item 24): a
+    run resumed from an opt.yaml that a run before the fix wrote gets '' too, as a new run does."""
+    work = tmp_path / "work"
+    plan = {**PLAN, "device": "1", "workers": 2, "cache": None}
+    leave_interrupted_run(work, plan)
+    (work / "opt.yaml").write_text(yaml.safe_dump({"device": "1", "workers": 2, "cache": None}))
+    assert prepare(work, plan) == (str(work / "weights" / "last.pt"), False)
+    assert yaml.safe_load((work / "opt.yaml").read_text())["device"] == ""
+
+
 def nan_network():
     network = torch.nn.Linear(2, 2)
     with torch.no_grad():

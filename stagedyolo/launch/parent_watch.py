@@ -79,7 +79,7 @@ def _job_starters(process, script: str) -> list:
     """The ancestors that exist to run `script` (its shells), and the one above them."""
     starters = []
     for ancestor in process.parents():
-        if ancestor.pid == 1:  # orphaned already: init started nothing of ours
+        if ancestor.pid == 1:  # init, or a container's first process: it ends only with the machine
             break
         starters.append(ancestor)
         try:
