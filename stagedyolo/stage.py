@@ -318,7 +318,7 @@ def _swap_in(ready: Path, stage_dir: Path, work_dir: Path) -> None:
         os.rename(stage_dir, old)
     os.rename(ready, stage_dir)
     for leftover in stage_dir.parent.glob(f".{stage_dir.name}.*"):
-        if SIBLING_ROLE.fullmatch(leftover.name[len(stage_dir.name) + 2:]):
+        if SIBLING_ROLE.fullmatch(leftover.name.removeprefix(f".{stage_dir.name}.")):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -395,8 +395,10 @@ def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str |
         try:
             state = read_checkpoint(last, env, log)
         except CheckpointUnanswered as error:
-            raise StageFailed(f"stage {plan['stage']}: {error}. Its work folder {work_dir} is kept as it is: rerun "
-                              "the stage to resume it (it is wiped only when its checkpoint does not load)") from None
+            raise StageFailed(
+                f"stage {plan['stage']}: {error}. Its work folder {work_dir} is kept as it is: rerun "
+                "the stage to resume it (it is wiped only when its checkpoint does not load)"
+            ) from None
         reason = _unusable_checkpoint(last, state, read_json(work_dir / "outcome.json"))
         if reason is None and state["epoch"] == FINISHED_EPOCH:
             log.write(f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "

@@ -68,8 +68,10 @@ def exit_when_job_starter_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> thr
     starters = _job_starters(psutil.Process(), os.path.basename(sys.argv[0]))
     label = " and ".join(f"process {starter.pid}" for starter in starters) + " (what started this job)"
     watcher = threading.Thread(
-        target=_watch, args=(label, lambda: all(is_running(p) for p in starters), poll_s, grace_s),
-        name="exit-when-job-starter-dies", daemon=True,
+        target=_watch,
+        args=(label, lambda: all(is_running(p) for p in starters), poll_s, grace_s),
+        name="exit-when-job-starter-dies",
+        daemon=True,
     )
     watcher.start()
     return watcher
