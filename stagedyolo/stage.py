@@ -81,6 +81,9 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "stage": stage,
         "data": str(Path(data).resolve()),
         "weights": str(Path(weights).resolve()) if weights else "",
+        # Which file the path held: a stage interrupted before the previous stage was retrained into the same path
+        # must not resume from training that started on the old weights (the plan digest tells them apart).
+        "weights_stamp": _file_stamp(weights),
         "cfg": cfg,
         "epochs": spec["epochs"],
         "img": spec["img"],
@@ -119,6 +122,14 @@ def _continued_hyp(hyp: dict, continues: bool) -> dict:
     warmup_epochs and min_warmup_iters 0, train.py's warmup interpolation sets the stage's own LR and momentum at its
     first step.) Its lr0 is the handover's unless the stage named one: the worker fills it in."""
     return {**hyp, "warmup_epochs": 0.0} if continues else hyp
+
+
+def _file_stamp(path: str | None) -> str | None:
+    try:
+        stat = Path(path).stat() if path else None
+    except OSError:  # not there yet (a plan made ahead of its input): nothing to tell apart
+        return None
+    return f"{stat.st_size}:{stat.st_mtime_ns}" if stat else None
 
 
 def _amp_source(probe_choice: dict) -> str:

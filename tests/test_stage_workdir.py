@@ -183,3 +183,23 @@ def test_a_failure_after_the_last_epoch_is_named_when_the_finished_checkpoint_is
     assert outcome["status"] == "ok" and outcome["device"] == "cpu"
     assert "failed after its last epoch (error: RuntimeError: in val.run)" in outcome["message"]
     assert "not recorded" in _finished_outcome({})["amp_reason"]
+
+
+def test_a_retrained_input_checkpoint_changes_the_plans_identity(tmp_path):
+    """The previous stage retrained into the same path: an interrupted later stage must not resume on top of it."""
+    import os
+
+    from stagedyolo.stage import _digest, build_plan
+
+    weights = tmp_path / "continue.pt"
+    weights.write_bytes(b"first training")
+    spec = {"epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.01, "optimizer": "SGD", "hyp": {},
+            "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False,
+            "plots": False, "nosave": False, "lr_scaling": "none"}  # fmt: skip
+    plan = lambda: build_plan(spec, stage="s", data=tmp_path / "d.yaml", weights=str(weights), cfg="yolov5n.yaml",  # noqa: E731
+                              cache_mode="none", threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    before = plan()
+    assert _digest(plan()) == _digest(before)
+    weights.write_bytes(b"the retrained one")
+    os.utime(weights, ns=(1, 1))
+    assert _digest(plan()) != _digest(before)
