@@ -12,6 +12,7 @@ class, named "item" as yolov5's train.py names it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from stagedyolo.dataset.validate import img2label_path, list_split_images, load_data_yaml
@@ -52,8 +53,19 @@ def source_yaml(data_yaml: str) -> str:
     return yaml.safe_load(Path(data_yaml).read_text()).get("source_data_yaml") or data_yaml
 
 
+def narrow_to_device_setting(device: str, env) -> None:
+    """An explicit ``device`` ('1') counts the GPUs the scheduler left visible, as a stage's does: make its GPU the only
+    visible one (and mark it, so resolve_device hands yolov5 ''), or yolov5's select_device would write the index
+    itself into CUDA_VISIBLE_DEVICES and score on another job's physical GPU."""
+    from stagedyolo.launch.command import explicit_gpu_indices, stage_gpu_env
+
+    if explicit_gpu_indices(device):
+        env.update(stage_gpu_env(1, env, stage="evaluate_test", device=str(device).split(",")[0]))
+
+
 def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, device: str, workers: int,
             out_dir: Path, single_cls: bool = False) -> dict:  # fmt: skip
+    narrow_to_device_setting(device, os.environ)  # before torch first touches CUDA
     import torch
     from yolov5 import val
     from yolov5.utils.callbacks import Callbacks

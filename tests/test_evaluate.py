@@ -65,3 +65,15 @@ def test_when_nothing_is_detected_the_instances_still_count_and_score_zero(tmp_p
                       "all": {"precision": 0.0, "recall": 0.0, "ap50": 0.0, "ap50_95": 0.0}})  # fmt: skip
     assert "| all | 4 | 0.0000 |" in table and "| a | 3 | 0.0000 | 0.0000 | 0.0000 | 0.0000 |" in table
     assert instance_counts(split, 1, single_cls=True) == [4]
+
+
+def test_an_explicit_device_counts_the_schedulers_gpus_and_yolov5_gets_an_empty_device():
+    from stagedyolo.engine.worker import resolve_device
+    from stagedyolo.evaluate import narrow_to_device_setting
+
+    env = {"CUDA_VISIBLE_DEVICES": "4,5"}
+    narrow_to_device_setting("1", env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "5" and resolve_device("1", True, env) == ""
+    untouched = {"CUDA_VISIBLE_DEVICES": "4,5"}
+    narrow_to_device_setting("auto", untouched)
+    assert untouched == {"CUDA_VISIBLE_DEVICES": "4,5"}
