@@ -21,5 +21,7 @@ rule evaluate_test:
         img=get_final_spec()["img"],
         batch=get_test_batch(),
         device=get_final_spec()["device"],
+        # trained with the last stage's single_cls, the weights detect one class (val.py must be told)
+        single_cls=bool(get_final_spec().get("single_cls")),
     script:
         "../scripts/evaluate_test.py"
