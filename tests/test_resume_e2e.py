@@ -1,4 +1,5 @@
-"""Crash safety end to end: SIGKILL the whole Snakemake process tree mid-`finetune`, rerun, and the stage resumes."""
+"""Crash safety end to end: SIGKILL Snakemake mid-`finetune` (its stage processes end with it), rerun with another
+core count, and the stage resumes; a kill during the final validation still finishes the run."""
 
 import json
 import os
@@ -48,12 +49,18 @@ def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_checkpoint(run / "work" / "finetune", process)
+        stage_processes = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGKILL)  # Snakemake alone: its jobs must not train on without it
+        process.wait()
+        _, alive = psutil.wait_procs(stage_processes, timeout=15)
+        assert not alive, f"still running 15 s after Snakemake was killed: {[p.cmdline() for p in alive]}"
     finally:
-        kill_tree(process.pid)
+        if process.poll() is None:  # the test failed before the kill: leave nothing running
+            kill_tree(process.pid)
     finished = {s: (run / "stages" / s / "timing.json").stat().st_mtime_ns for s in ("smoke", "frozen")}
 
     snakemake(workdir, "--unlock", configfiles=configs)  # a SIGKILLed Snakemake leaves its lock behind
-    rerun = snakemake(workdir, configfiles=configs)
+    rerun = snakemake(workdir, "--cores", "1", configfiles=configs)  # another core count: the stage still resumes
 
     assert "stage=smoke" not in rerun.stdout + rerun.stderr and "stage=frozen" not in rerun.stdout + rerun.stderr
     assert {s: (run / "stages" / s / "timing.json").stat().st_mtime_ns for s in finished} == finished
