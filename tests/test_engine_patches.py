@@ -360,12 +360,29 @@ def test_skip_exit_collection_runs_pending_finalizers_and_atexit_then_freezes_th
     assert [(tmp_path / name).read_text() for name in ("finalized", "atexit", "frozen")] == ["yes", "yes", "True"]
 
 
-def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_path):
+def handover_checkpoint(path: Path) -> str:
+    """A stage's continue.pt as train.py saves one (model, EMA, update count, optimizer state, opt)."""
+    from yolov5.models.yolo import Model
+
+    from stagedyolo.engine.plan import yolov5_dir
+
+    model = Model(str(yolov5_dir() / "models" / "yolov5n.yaml"), ch=3, nc=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.005)
+    torch.save({"epoch": 1, "best_fitness": 0.1, "model": model.half(), "ema": model, "updates": 8,
+                "optimizer": optimizer.state_dict(), "opt": {"optimizer": "SGD", "imgsz": 64}}, path)  # fmt: skip
+    return str(path)
+
+
+@pytest.mark.parametrize("continues", [False, True], ids=["first stage", "continuing stage"])
+def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_path, continues):
     """The import shims act only on imports still to come: in a fresh process, the worker's load_engine imports
     yolov5.utils.general through the sourceless-inspect loader and applies every row; seaborn, pyplot and boto3 stay
-    deferred through train.main's first log line (print_args), which reads the same as yolov5's own."""
-    plan = build_plan(SPEC, stage="a", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
-                      threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    deferred through train.main's first log line (print_args), which reads the same as yolov5's own. A continuing
+    stage reads its handover (which unpickles yolov5's model classes) only once the shims are in place."""
+    weights = handover_checkpoint(tmp_path / "continue.pt") if continues else None
+    spec = {**SPEC, "continues": continues, "lr_from_previous": continues}
+    plan = build_plan(spec, stage="a", data=tmp_path / "d.yaml", weights=weights, cfg="yolov5n.yaml",
+                      cache_mode="none", threads=1, work_dir=tmp_path / "w")  # fmt: skip
     write_json(tmp_path / "plan.json", plan)
     # Called from a module imported late, as train.main's module is: inspect has not mapped its file to a module
     # yet, so reading its source would search sys.modules.
@@ -374,20 +391,23 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
     script.write_text(textwrap.dedent("""
         import json, sys, torch
         from stagedyolo.engine.worker import load_engine
-        engine, patches, amp = load_engine(json.load(open(sys.argv[1])), torch)
+        engine, patches, amp, taken_up = load_engine(json.load(open(sys.argv[1])), torch)
         import first_log_line
         first_log_line.log(engine.train.print_args)
         general = sys.modules["yolov5.utils.general"]
         deferred = [type(sys.modules[name]).__name__ for name in ("seaborn", "matplotlib.pyplot", "boto3")]
         print("state:", *deferred, type(general.__loader__).__name__)
         print("rows:", " ".join(row["name"] for row in patches))
+        print("lr0:", engine.plan["hyp"]["lr0"], taken_up and taken_up["lr0_source"])
     """))
     env = engine_environment(tmp_path / "engine")
     run = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "plan.json")], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     out = run.stdout + run.stderr
-    lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:")))
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:", "lr0:")))
     assert lines["state"] == "DeferredModule DeferredModule DeferredModule _SourcelessInspectLoader", out
     assert lines["rows"].split() == [p.name for phase in patches.PHASES for p in PATCHES if p.phase == phase]
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # colorstr's colours
     assert "first_log_line: epochs=3" in plain  # yolov5's own format: the caller's file stem, then the arguments
+    expected = "0.005 the previous stage's handover" if continues else f"{SPEC['lr0']} None"
+    assert lines["lr0"] == expected  # the NaN guard and the hyp file read the LR the stage takes up

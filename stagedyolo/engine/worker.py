@@ -47,8 +47,7 @@ def main(plan_path: str, plugins=()) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
-    continuation = take_up_plan(plan, torch)  # before the engine: the NaN guard and hyp file read the resolved lr0
-    engine, patches, amp = load_engine(plan, torch)
+    engine, patches, amp, continuation = load_engine(plan, torch)
     device, callbacks = engine.device, engine.callbacks
     train, schedule, guard = engine.train, engine.schedule, engine.guard
     for plugin in plugins:
@@ -116,10 +115,12 @@ def _trained_checkpoints(work_dir: Path) -> list[Path]:
     return [last, handover_path(last)]
 
 
-def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
+def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict, dict | None]:
     """The engine for ``plan``: AMP decided, then every change to yolov5's behaviour (stagedyolo.engine.patches)
     applied, the process rows before anything of yolov5 is imported (its import shims act only on imports still to
-    come), the others on yolov5's Callbacks and train module. Returns the context, the rows' report and AMP."""
+    come), the others on yolov5's Callbacks and train module. In between, a continuing stage takes up what the
+    previous one handed over (take_up_plan): reading it unpickles yolov5's model classes, so after the shims, and the
+    later rows read the LR and epochs it resolves. Returns the context, the rows' report, AMP and the take-up record."""
     device = resolve_device(plan["device"], torch.cuda.is_available())
     cuda = device != "cpu"
     bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
@@ -129,10 +130,11 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict]:
                                                      plan.get("optimizer", "SGD")),
                            **engine_settings(plan))  # fmt: skip
     patches = apply_patches(engine, phases=("process",))
+    taken_up = take_up_plan(plan, torch)
     from yolov5.utils.callbacks import Callbacks
 
     engine.callbacks = Callbacks()  # never yolov5's shared default instance
-    return engine, patches + apply_patches(engine, phases=("source", "module")), amp
+    return engine, patches + apply_patches(engine, phases=("source", "module")), amp, taken_up
 
 
 def gain_stall(plan: dict) -> GainStall | None:
