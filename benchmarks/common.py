@@ -29,8 +29,9 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 # --------------------------------------------------------------------------------------------------- baseline
 def commit_of(revision: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", revision], check=True, text=True,
-                          capture_output=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", revision], check=True, text=True, capture_output=True
+    ).stdout.strip()
 
 
 def baseline_tree(commit: str) -> tuple:
@@ -128,8 +129,15 @@ class CsvPoller:
                         except ValueError:  # a half-written line: read it again next time
                             n = i
                             break
-                        self.events.append({"t": now, "path": str(path), "row": i + 1, "epoch": int(row["epoch"]),
-                                            "map50": row.get("metrics/mAP_0.5")})  # fmt: skip
+                        self.events.append(
+                            {
+                                "t": now,
+                                "path": str(path),
+                                "row": i + 1,
+                                "epoch": int(row["epoch"]),
+                                "map50": row.get("metrics/mAP_0.5"),
+                            }
+                        )
                     self._seen[str(path)] = n
 
     def _run(self):
@@ -164,16 +172,39 @@ def make_snakemake_workdir(workdir: Path, config_text: str | None = None) -> Pat
     return workdir
 
 
-def run_snakemake(workdir: Path, *args: str, log: Path, targets: tuple = (), cores: int = 2,
-                  env: dict | None = None, snakefile: Path = ROOT / "Snakefile") -> dict:  # fmt: skip
+def run_snakemake(
+    workdir: Path,
+    *args: str,
+    log: Path,
+    targets: tuple = (),
+    cores: int = 2,
+    env: dict | None = None,
+    snakefile: Path = ROOT / "Snakefile",
+) -> dict:
     """Run the repo's Snakefile (or ``snakefile``) in `workdir` (cwd = repo root, so the default profile applies as
     for a user). Targets go first: --resources and --forcerun take any number of values and would swallow them."""
-    argv = [SNAKEMAKE, *targets, "-s", str(snakefile), "-d", str(workdir), "--cores", str(cores),
-            "--resources", "gpu=1", *args]  # fmt: skip
+    argv = [
+        SNAKEMAKE,
+        *targets,
+        "-s",
+        str(snakefile),
+        "-d",
+        str(workdir),
+        "--cores",
+        str(cores),
+        "--resources",
+        "gpu=1",
+        *args,
+    ]
     started = time.time()
     with open(log, "w") as handle:
-        rc = subprocess.call(argv, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})  # fmt: skip
+        rc = subprocess.call(
+            argv,
+            cwd=ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
     ended = time.time()
     if rc != 0:
         raise RuntimeError(f"snakemake {' '.join(args)} failed ({rc}); log: {log}\n" + log.read_text()[-3000:])
@@ -188,7 +219,7 @@ def snakemake_jobs(log_text: str) -> list[dict]:
     whole seconds, so a start is floored and an end is floored too)."""
     jobs, by_id, stamp, pending = [], {}, None, None
     lines = log_text.splitlines()
-    for i, line in enumerate(lines):
+    for line in lines:
         m = _STAMP.match(line.strip())
         if m:
             stamp = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").timestamp()
@@ -284,13 +315,21 @@ def stage_dataset_copy(data_yaml: Path, dest: Path) -> Path:
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     out = dest / "data.yaml"
-    prepare_dataset(str(data_yaml), str(dest / "cache"), str(out), str(dest / "report.json"), str(dest / "report.md"),
-                    log=lambda *a: None, hardlinks=False)  # fmt: skip
+    prepare_dataset(
+        str(data_yaml),
+        str(dest / "cache"),
+        str(out),
+        str(dest / "report.json"),
+        str(dest / "report.md"),
+        log=lambda *a: None,
+        hardlinks=False,
+    )
     return out
 
 
-def run_one_stage(stage: str, overrides: dict, *, data: Path, weights: str, workdir: Path, name: str,
-                  threads: int = 2) -> dict:  # fmt: skip
+def run_one_stage(
+    stage: str, overrides: dict, *, data: Path, weights: str, workdir: Path, name: str, threads: int = 2
+) -> dict:
     """One stage of the default config (plus `overrides`) through stagedyolo.stage.build_plan/run_stage, as the
     train_stage rule runs it. Returns {wall_s, timing, stage_json}."""
     import yaml
@@ -303,11 +342,21 @@ def run_one_stage(stage: str, overrides: dict, *, data: Path, weights: str, work
     stage_dir = workdir / "stages" / name
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
-    plan = build_plan(spec, stage=name, data=str(data), weights=weights, cfg=cfg["model"]["cfg"],
-                      cache_mode=spec["cache"] if spec["cache"] != "auto" else "none", threads=threads,
-                      work_dir=workdir / "work" / name)  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage=name,
+        data=str(data),
+        weights=weights,
+        cfg=cfg["model"]["cfg"],
+        cache_mode=spec["cache"] if spec["cache"] != "auto" else "none",
+        threads=threads,
+        work_dir=workdir / "work" / name,
+    )
     t0 = time.time()
     run_stage(plan, stage_dir=stage_dir, attempt=1, log_path=workdir / f"{name}.log", engine_home=workdir / "engine")
     wall = time.time() - t0
-    return {"wall_s": wall, "timing": json.loads((stage_dir / "timing.json").read_text()),
-            "stage_json": json.loads((stage_dir / "stage.json").read_text())}
+    return {
+        "wall_s": wall,
+        "timing": json.loads((stage_dir / "timing.json").read_text()),
+        "stage_json": json.loads((stage_dir / "stage.json").read_text()),
+    }

@@ -43,21 +43,48 @@ unexecuted = [name for name in deferred if type(sys.modules.get(name)).__name__ 
 print(json.dumps({"import_s": import_s, "unexecuted": unexecuted}), flush=True)
 """
 STAGE = {
-    "epochs": 1, "img": 128, "batch": 16, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": True, "lr_scaling": "none", "nominal_batch": 16, "min_warmup_iters": 100,
-}  # fmt: skip
+    "epochs": 1,
+    "img": 128,
+    "batch": 16,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+    "nominal_batch": 16,
+    "min_warmup_iters": 100,
+}
 ARMS = ("baseline", "tree")
 MUST_STAY_DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3")
 
 
 def one_process(arm: str, index: int, work, env: dict) -> dict:
     with LoadSampler(interval_s=1.0) as load:
-        child = subprocess.run([sys.executable, "-W", "ignore", str(work / "child.py"), str(work / "plan.json")],
-                               env=env, capture_output=True, text=True, check=True, cwd=work)  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-W", "ignore", str(work / "child.py"), str(work / "plan.json")],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=work,
+        )
     report = json.loads(child.stdout.strip().splitlines()[-1])
-    return {"arm": arm, "repeat": index, "import_s": round(report["import_s"], 3),
-            "unexecuted": report["unexecuted"], "load": load.summary()}  # fmt: skip
+    return {
+        "arm": arm,
+        "repeat": index,
+        "import_s": round(report["import_s"], 3),
+        "unexecuted": report["unexecuted"],
+        "load": load.summary(),
+    }
 
 
 def summarise(processes: list[dict]) -> dict:
@@ -91,8 +118,11 @@ def markdown(result: dict) -> list[str]:
     for arm in ARMS:
         runs = [p for p in result["processes"] if p["arm"] == arm]
         unexecuted = sorted({", ".join(p["unexecuted"]) or "none" for p in runs})
-        lines.append(f"| {arm} | " + ", ".join(f"{x:.2f}" for x in s["import_s"][arm])
-                     + f" | {s['median'][arm]:.2f} | {' / '.join(unexecuted)} |")  # fmt: skip
+        lines.append(
+            f"| {arm} | "
+            + ", ".join(f"{x:.2f}" for x in s["import_s"][arm])
+            + f" | {s['median'][arm]:.2f} | {' / '.join(unexecuted)} |"
+        )
     lines += [
         "",
         f"Median ratio tree / baseline: {s['median_ratio_tree_over_baseline']}. At most 0.92: "
@@ -111,15 +141,29 @@ def main() -> None:
     work = WORK / "engine_imports"
     work.mkdir(parents=True, exist_ok=True)
     (work / "child.py").write_text(CHILD)
-    plan = build_plan(STAGE, stage="smoke", data=work / "data.yaml", weights=None, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=2, work_dir=work / "stage")  # fmt: skip
+    plan = build_plan(
+        STAGE,
+        stage="smoke",
+        data=work / "data.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=2,
+        work_dir=work / "stage",
+    )
     write_json(work / "plan.json", plan)
     env = engine_environment(work / "engine")
     old_tree, old_path = baseline_tree(baseline)
     arm_env = {"baseline": {**env, **old_path}, "tree": env}
     processes = [one_process(arm, index, work, arm_env[arm]) for index in range(args.repeats) for arm in ARMS]
-    result = {"machine": machine_info(), "baseline": baseline, "tree": tree, "repeats": args.repeats,
-              "processes": processes, "summary": summarise(processes)}  # fmt: skip
+    result = {
+        "machine": machine_info(),
+        "baseline": baseline,
+        "tree": tree,
+        "repeats": args.repeats,
+        "processes": processes,
+        "summary": summarise(processes),
+    }
     save("engine_imports", result, markdown(result))
 
 

@@ -1,4 +1,5 @@
-"""Engine speed: `engine.mode: fast` vs `reproducible` vs bare `python -m yolov5.train`, at the same settings, in one run,
+"""Engine speed: `engine.mode: fast` vs `reproducible` vs bare `python -m yolov5.train`, at the same settings,
+in one run,
 plus each fast-mode patch's own effect (fast vs fast with that one row skipped: `engine.skip_patches`).
 
 Every variant trains the demo target set (the staged copy, as the pipeline prepares it) from the demo
@@ -40,12 +41,28 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (PYTHON, ROOT, WORK, CsvPoller, LoadSampler, find_demo_source, machine_info,  # noqa: E402
-                    read_results_csv, save, stage_dataset_copy, write_hyp, yolov5_env)  # fmt: skip
+from common import (
+    PYTHON,
+    ROOT,
+    WORK,
+    CsvPoller,
+    LoadSampler,
+    find_demo_source,
+    machine_info,  # noqa: E402
+    read_results_csv,
+    save,
+    stage_dataset_copy,
+    write_hyp,
+    yolov5_env,
+)
 
 ROWS_MEASURED = ("foreach_ema", "fused_optimizer")  # the fast rows whose guard holds on a CPU
-TARGETS = {"map50_delta_abs_max": 0.02, "speedup_vs_reproducible_min": 1.0, "speedup_vs_bare_min": 1.0,
-           "patch_effect_min": 1.0}  # fmt: skip
+TARGETS = {
+    "map50_delta_abs_max": 0.02,
+    "speedup_vs_reproducible_min": 1.0,
+    "speedup_vs_bare_min": 1.0,
+    "patch_effect_min": 1.0,
+}
 
 
 def settings(a) -> dict:
@@ -53,16 +70,34 @@ def settings(a) -> dict:
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     defaults = cfg["stage_defaults"]
-    return {"epochs": a.epochs, "img": 128, "batch": 16, "workers": 1, "threads": 1, "optimizer": "AdamW",
-            "lr0": defaults["lr0"], "hyp": defaults.get("hyp") or {}, "nominal_batch": 64, "min_warmup_iters": 100,
-            "cache": "none", "plots": False, "val_period": 1, "seed": 0, "device": "cpu"}  # fmt: skip
+    return {
+        "epochs": a.epochs,
+        "img": 128,
+        "batch": 16,
+        "workers": 1,
+        "threads": 1,
+        "optimizer": "AdamW",
+        "lr0": defaults["lr0"],
+        "hyp": defaults.get("hyp") or {},
+        "nominal_batch": 64,
+        "min_warmup_iters": 100,
+        "cache": "none",
+        "plots": False,
+        "val_period": 1,
+        "seed": 0,
+        "device": "cpu",
+    }
 
 
 def variants() -> dict[str, dict | None]:
     """name -> the plan's engine section (None: bare yolov5)."""
     fast = {"mode": "fast", "compile": False, "skip_patches": []}
-    return {"bare": None, "reproducible": {**fast, "mode": "reproducible"}, "fast": fast,
-            **{f"fast-minus-{row}": {**fast, "skip_patches": [row]} for row in ROWS_MEASURED}}  # fmt: skip
+    return {
+        "bare": None,
+        "reproducible": {**fast, "mode": "reproducible"},
+        "fast": fast,
+        **{f"fast-minus-{row}": {**fast, "skip_patches": [row]} for row in ROWS_MEASURED},
+    }
 
 
 def epoch_loop_images_per_s(events: list[dict], images: int) -> float | None:
@@ -74,53 +109,123 @@ def epoch_loop_images_per_s(events: list[dict], images: int) -> float | None:
 def run_stage_variant(name: str, engine: dict, s: dict, data: Path, weights: Path, workdir: Path, rnd: int) -> dict:
     from stagedyolo.stage import build_plan, run_stage
 
-    spec = {"epochs": s["epochs"], "img": s["img"], "batch": s["batch"], "workers": s["workers"], "freeze": 0,
-            "lr0": s["lr0"], "optimizer": s["optimizer"], "hyp": s["hyp"], "cache": s["cache"], "amp": "auto",
-            "device": s["device"], "val_period": s["val_period"], "gpus": 1, "sync_bn": False, "plots": s["plots"],
-            "nosave": False, "lr_scaling": "none", "nominal_batch": s["nominal_batch"],
-            "min_warmup_iters": s["min_warmup_iters"], "engine": engine}  # fmt: skip
+    spec = {
+        "epochs": s["epochs"],
+        "img": s["img"],
+        "batch": s["batch"],
+        "workers": s["workers"],
+        "freeze": 0,
+        "lr0": s["lr0"],
+        "optimizer": s["optimizer"],
+        "hyp": s["hyp"],
+        "cache": s["cache"],
+        "amp": "auto",
+        "device": s["device"],
+        "val_period": s["val_period"],
+        "gpus": 1,
+        "sync_bn": False,
+        "plots": s["plots"],
+        "nosave": False,
+        "lr_scaling": "none",
+        "nominal_batch": s["nominal_batch"],
+        "min_warmup_iters": s["min_warmup_iters"],
+        "engine": engine,
+    }
     label = f"{name}_r{rnd}"
-    plan = build_plan(spec, stage=label, data=str(data), weights=str(weights), cfg="yolov5n.yaml", cache_mode="none",
-                      threads=s["workers"] + s["threads"], work_dir=workdir / "work" / label)  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage=label,
+        data=str(data),
+        weights=str(weights),
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=s["workers"] + s["threads"],
+        work_dir=workdir / "work" / label,
+    )
     assert plan["workers"] == s["workers"] and plan["torch_threads"] == s["threads"], plan
     stage_dir = workdir / "stages" / label
     poller = CsvPoller(workdir / "work", [f"{label}/results.csv"]).start()
     start = time.time()
-    run_stage(plan, stage_dir=stage_dir, attempt=1, log_path=workdir / f"{label}.log", engine_home=workdir / "engine",
-              warm=None)  # fmt: skip
+    run_stage(
+        plan,
+        stage_dir=stage_dir,
+        attempt=1,
+        log_path=workdir / f"{label}.log",
+        engine_home=workdir / "engine",
+        warm=None,
+    )
     wall = time.time() - start
     poller.stop()
     timing = json.loads((stage_dir / "timing.json").read_text())
     record = json.loads((stage_dir / "stage.json").read_text())
     rows = read_results_csv(stage_dir / "results.csv")
     images = timing["epochs"][0]["images"]
-    return {"wall_s": wall, "steady_images_per_s": timing["throughput"]["steady_images_per_s"],
-            "epoch_loop_images_per_s": epoch_loop_images_per_s(poller.events, images),
-            "map50": rows[-1]["metrics/mAP_0.5"], "map50_per_epoch": [r["metrics/mAP_0.5"] for r in rows],
-            "train_images": images, "engine": timing["engine"],
-            "patches_applied": [p["name"] for p in record["patches"] if p["applied"]]}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "steady_images_per_s": timing["throughput"]["steady_images_per_s"],
+        "epoch_loop_images_per_s": epoch_loop_images_per_s(poller.events, images),
+        "map50": rows[-1]["metrics/mAP_0.5"],
+        "map50_per_epoch": [r["metrics/mAP_0.5"] for r in rows],
+        "train_images": images,
+        "engine": timing["engine"],
+        "patches_applied": [p["name"] for p in record["patches"] if p["applied"]],
+    }
 
 
 def run_bare(s: dict, data: Path, weights: Path, hyp: Path, workdir: Path, rnd: int, images: int) -> dict:
     out = workdir / "bare"
-    argv = [PYTHON, "-m", "yolov5.train", "--data", str(data), "--weights", str(weights),
-            "--epochs", str(s["epochs"]), "--img", str(s["img"]), "--batch-size", str(s["batch"]),
-            "--workers", str(s["workers"]), "--hyp", str(hyp), "--optimizer", s["optimizer"], "--noplots",
-            "--seed", str(s["seed"]), "--patience", "0", "--device", "cpu", "--project", str(out),
-            "--name", f"r{rnd}", "--exist-ok"]  # fmt: skip
+    argv = [
+        PYTHON,
+        "-m",
+        "yolov5.train",
+        "--data",
+        str(data),
+        "--weights",
+        str(weights),
+        "--epochs",
+        str(s["epochs"]),
+        "--img",
+        str(s["img"]),
+        "--batch-size",
+        str(s["batch"]),
+        "--workers",
+        str(s["workers"]),
+        "--hyp",
+        str(hyp),
+        "--optimizer",
+        s["optimizer"],
+        "--noplots",
+        "--seed",
+        str(s["seed"]),
+        "--patience",
+        "0",
+        "--device",
+        "cpu",
+        "--project",
+        str(out),
+        "--name",
+        f"r{rnd}",
+        "--exist-ok",
+    ]
     poller = CsvPoller(out, [f"r{rnd}/results.csv"]).start()
     start = time.time()
     with open(workdir / f"bare_r{rnd}.log", "w") as log:
-        rc = subprocess.call(argv, env=yolov5_env(workdir, s["threads"]), stdout=log, stderr=subprocess.STDOUT,
-                             cwd=workdir)  # fmt: skip
+        rc = subprocess.call(
+            argv, env=yolov5_env(workdir, s["threads"]), stdout=log, stderr=subprocess.STDOUT, cwd=workdir
+        )
     wall = time.time() - start
     poller.stop()
     if rc:
         raise RuntimeError(f"bare yolov5 failed ({rc}): {workdir / f'bare_r{rnd}.log'}")
     rows = read_results_csv(out / f"r{rnd}" / "results.csv")
-    return {"wall_s": wall, "steady_images_per_s": None, "epoch_loop_images_per_s": epoch_loop_images_per_s(poller.events, images),
-            "map50": rows[-1]["metrics/mAP_0.5"], "map50_per_epoch": [r["metrics/mAP_0.5"] for r in rows],
-            "argv": argv}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "steady_images_per_s": None,
+        "epoch_loop_images_per_s": epoch_loop_images_per_s(poller.events, images),
+        "map50": rows[-1]["metrics/mAP_0.5"],
+        "map50_per_epoch": [r["metrics/mAP_0.5"] for r in rows],
+        "argv": argv,
+    }
 
 
 def component_effects(blocks: int = 7, per_block: int = 10, threads: int = 1) -> dict:
@@ -148,8 +253,12 @@ def component_effects(blocks: int = 7, per_block: int = 10, threads: int = 1) ->
     plain_opt = smart_optimizer(model, "AdamW", 0.001, 0.937, 5e-4)
     groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in plain_opt.param_groups]
     fused_opt = type(plain_opt)(groups, fused=True)
-    calls = {"ema_plain": lambda: plain_ema.update(model), "ema_foreach": lambda: fast_ema.update(model),
-             "optimizer_plain": plain_opt.step, "optimizer_fused": fused_opt.step}  # fmt: skip
+    calls = {
+        "ema_plain": lambda: plain_ema.update(model),
+        "ema_foreach": lambda: fast_ema.update(model),
+        "optimizer_plain": plain_opt.step,
+        "optimizer_fused": fused_opt.step,
+    }
     times = {name: [] for name in calls}
     for _ in range(blocks):
         for name, call in calls.items():
@@ -165,14 +274,20 @@ def component_effects(blocks: int = 7, per_block: int = 10, threads: int = 1) ->
     ms = {name: spread(values) for name, values in times.items()}
     fb = statistics.median(step_ms)
     return {
-        "ms_per_call": ms, "forward_backward_ms": spread(step_ms), "threads": threads,
-        "foreach_ema": {"saved_ms_per_step": ms["ema_plain"]["median"] - ms["ema_foreach"]["median"],
-                        "speedup": ms["ema_plain"]["median"] / ms["ema_foreach"]["median"],
-                        "share_of_forward_backward": (ms["ema_plain"]["median"] - ms["ema_foreach"]["median"]) / fb},
-        "fused_optimizer": {"saved_ms_per_step": ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"],
-                            "speedup": ms["optimizer_plain"]["median"] / ms["optimizer_fused"]["median"],
-                            "share_of_forward_backward": (ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"]) / fb},
-    }  # fmt: skip
+        "ms_per_call": ms,
+        "forward_backward_ms": spread(step_ms),
+        "threads": threads,
+        "foreach_ema": {
+            "saved_ms_per_step": ms["ema_plain"]["median"] - ms["ema_foreach"]["median"],
+            "speedup": ms["ema_plain"]["median"] / ms["ema_foreach"]["median"],
+            "share_of_forward_backward": (ms["ema_plain"]["median"] - ms["ema_foreach"]["median"]) / fb,
+        },
+        "fused_optimizer": {
+            "saved_ms_per_step": ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"],
+            "speedup": ms["optimizer_plain"]["median"] / ms["optimizer_fused"]["median"],
+            "share_of_forward_backward": (ms["optimizer_plain"]["median"] - ms["optimizer_fused"]["median"]) / fb,
+        },
+    }
 
 
 def spread(values: list) -> dict:
@@ -193,10 +308,14 @@ def summarise(rounds: list[dict]) -> dict:
         "reproducible_vs_bare": ratio("reproducible", "bare", "epoch_loop_images_per_s"),
         "map50_delta": spread([r["fast"]["map50"] - r["reproducible"]["map50"] for r in rounds]),
         "map50_reproducible_minus_bare": spread([r["reproducible"]["map50"] - r["bare"]["map50"] for r in rounds]),
-        "patches": {row: {"effect": ratio("fast", f"fast-minus-{row}", "steady_images_per_s"),
-                          "measure": f"fast / fast with {row} skipped, steady train images/s (timing.json)"}
-                    for row in ROWS_MEASURED},
-    }  # fmt: skip
+        "patches": {
+            row: {
+                "effect": ratio("fast", f"fast-minus-{row}", "steady_images_per_s"),
+                "measure": f"fast / fast with {row} skipped, steady train images/s (timing.json)",
+            }
+            for row in ROWS_MEASURED
+        },
+    }
 
 
 def patch_rows(fast_run: dict, summary: dict, components: dict) -> dict:
@@ -209,8 +328,11 @@ def patch_rows(fast_run: dict, summary: dict, components: dict) -> dict:
         if p.name in summary["patches"]:
             rows[p.name] = {"applied": True, **summary["patches"][p.name], "component": components[p.name]}
         else:
-            rows[p.name] = {"applied": p.name in applied, "effect": None,
-                            "reason": skipped.get(p.name, "applied but not measured")}  # fmt: skip
+            rows[p.name] = {
+                "applied": p.name in applied,
+                "effect": None,
+                "reason": skipped.get(p.name, "applied but not measured"),
+            }
     return rows
 
 
@@ -240,7 +362,7 @@ def main(argv=None):
     started = time.time()
     with LoadSampler() as load:
         for rnd in range(a.rounds):
-            order = names[rnd % len(names):] + names[: rnd % len(names)]
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
             r = {"order": order}
             for name in order:
                 engine = variants()[name]
@@ -248,9 +370,11 @@ def main(argv=None):
                     r[name] = run_bare(s, data, weights, hyp, workdir, rnd, images)
                 else:
                     r[name] = run_stage_variant(name, engine, s, data, weights, workdir, rnd)
-                print(f"round {rnd} {name}: wall {r[name]['wall_s']:.1f} s, steady {r[name]['steady_images_per_s']}, "
-                      f"epoch loop {r[name]['epoch_loop_images_per_s']} img/s, mAP50 {r[name]['map50']:.4f}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"round {rnd} {name}: wall {r[name]['wall_s']:.1f} s, steady {r[name]['steady_images_per_s']}, "
+                    f"epoch loop {r[name]['epoch_loop_images_per_s']} img/s, mAP50 {r[name]['map50']:.4f}",
+                    flush=True,
+                )
             rounds.append(r)
             (workdir / "rounds.json").write_text(json.dumps(rounds, default=str))  # kept if a later step fails
     report(a, rounds, load.summary(), time.time() - started)
@@ -261,15 +385,22 @@ def report(a, rounds: list[dict], load: dict, total_s: float) -> None:
     components = component_effects()
     res = {
         "device": f"cpu: {machine_info()['cpu_model']}, {machine_info()['cores']} cores, shared with other agents",
-        "gpu": None, "gpu_reason": "no GPU on this machine: issue 13's H200 goal (speedup_vs_bare >= 2.0, GPU busy "
+        "gpu": None,
+        "gpu_reason": "no GPU on this machine: issue 13's H200 goal (speedup_vs_bare >= 2.0, GPU busy "
         ">= 85 %) stays open; no GPU number is estimated",
         "speedup_vs_bare": summary["speedup_vs_bare"]["median"],
         "speedup_vs_reproducible": summary["speedup_vs_reproducible"]["median"],
         "map50_delta": summary["map50_delta"]["median"],
         "patches": patch_rows(rounds[0]["fast"], summary, components),
-        "components": components, "summary": summary, "targets": TARGETS, "settings": settings(a), "rounds": rounds,
-        "machine": machine_info(), "load": load, "total_s": total_s,
-    }  # fmt: skip
+        "components": components,
+        "summary": summary,
+        "targets": TARGETS,
+        "settings": settings(a),
+        "rounds": rounds,
+        "machine": machine_info(),
+        "load": load,
+        "total_s": total_s,
+    }
     res["met"] = met(res)
     save(a.name, res, markdown(res))
 
@@ -286,11 +417,14 @@ def met(res: dict) -> dict:
     s = res["summary"]
     return {
         "map50_delta": all(abs(v) <= TARGETS["map50_delta_abs_max"] for v in s["map50_delta"]["values"]),
-        "speedup_vs_reproducible": (s["speedup_vs_reproducible"]["median"] or 0) >= TARGETS["speedup_vs_reproducible_min"],
+        "speedup_vs_reproducible": (s["speedup_vs_reproducible"]["median"] or 0)
+        >= TARGETS["speedup_vs_reproducible_min"],
         "speedup_vs_bare": (s["speedup_vs_bare"]["median"] or 0) >= TARGETS["speedup_vs_bare_min"],
-        **{f"patch {row}": (s["patches"][row]["effect"]["median"] or 0) >= TARGETS["patch_effect_min"]
-           for row in ROWS_MEASURED},
-    }  # fmt: skip
+        **{
+            f"patch {row}": (s["patches"][row]["effect"]["median"] or 0) >= TARGETS["patch_effect_min"]
+            for row in ROWS_MEASURED
+        },
+    }
 
 
 def markdown(res: dict) -> list[str]:
@@ -303,12 +437,15 @@ def markdown(res: dict) -> list[str]:
         return f"**{f(d['median'])}** ({f(d['min'])}–{f(d['max'])})"
 
     lines = [
-        "# Engine speed: fast vs reproducible vs bare `python -m yolov5.train`", "",
+        "# Engine speed: fast vs reproducible vs bare `python -m yolov5.train`",
+        "",
         f"{res['device']}; 1-min load {L['load1_min']:.2f}–{L['load1_max']:.2f} (mean {L['load1_mean']:.2f}). "
         f"{len(res['rounds'])} rounds, order rotated. {st['epochs']} epochs, img {st['img']}, batch {st['batch']}, "
         f"{st['workers']} worker + {st['threads']} torch thread, AdamW, nominal_batch 64, min_warmup_iters 100, "
-        f"from the demo pretrained.pt, seed 0. Total {res['total_s'] / 60:.1f} min.", "",
-        "| figure | median (min–max over rounds) | target | met |", "|---|---|---|---|",
+        f"from the demo pretrained.pt, seed 0. Total {res['total_s'] / 60:.1f} min.",
+        "",
+        "| figure | median (min–max over rounds) | target | met |",
+        "|---|---|---|---|",
         f"| speedup_vs_bare (epoch-loop images/s, fast / bare) | {sp(s['speedup_vs_bare'])} | ≥ 1.0 | "
         f"{res['met']['speedup_vs_bare']} |",
         f"| speedup_vs_reproducible (steady train images/s) | {sp(s['speedup_vs_reproducible'])} | ≥ 1.0 | "
@@ -317,30 +454,45 @@ def markdown(res: dict) -> list[str]:
         f"| reproducible / bare (epoch-loop images/s) | {sp(s['reproducible_vs_bare'])} | — | — |",
         f"| map50_delta (fast − reproducible) | {sp(s['map50_delta'])} | abs ≤ 0.02 | {res['met']['map50_delta']} |",
         f"| mAP50 reproducible − bare | {sp(s['map50_reproducible_minus_bare'])} | — | — |",
-        "", "| fast-mode row | applied here | own effect: fast / fast without it (median, min–max) | met (≥ 1.0) |",
+        "",
+        "| fast-mode row | applied here | own effect: fast / fast without it (median, min–max) | met (≥ 1.0) |",
         "|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for name, row in res["patches"].items():
         effect = sp(row["effect"]) if row.get("effect") else f"not measured: {row.get('reason')}"
         lines.append(f"| `{name}` | {row['applied']} | {effect} | {res['met'].get(f'patch {name}', '—')} |")
     c = res["components"]
-    lines += ["", f"Each CPU row's component alone (yolov5n, batch 16 at 128 px, {c['threads']} thread, in-process, "
-              "interleaved blocks; forward + backward of that batch: "
-              f"{f(c['forward_backward_ms']['median'], 0)} ms):", "",
-              "| row | yolov5's call, ms | patched call, ms | speed-up of the call | saved ms per optimizer step | "
-              "share of forward + backward |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for row, (plain, patched) in {"foreach_ema": ("ema_plain", "ema_foreach"),
-                                  "fused_optimizer": ("optimizer_plain", "optimizer_fused")}.items():  # fmt: skip
-        lines.append(f"| `{row}` | {f(c['ms_per_call'][plain]['median'], 2)} | {f(c['ms_per_call'][patched]['median'], 2)} "
-                     f"| {f(c[row]['speedup'])} | {f(c[row]['saved_ms_per_step'], 2)} | "
-                     f"{c[row]['share_of_forward_backward'] * 100:.1f} % |")  # fmt: skip
-    lines += ["", "| round | variant | wall s | steady train img/s | epoch-loop img/s | final mAP50 |",
-              "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        f"Each CPU row's component alone (yolov5n, batch 16 at 128 px, {c['threads']} thread, in-process, "
+        "interleaved blocks; forward + backward of that batch: "
+        f"{f(c['forward_backward_ms']['median'], 0)} ms):",
+        "",
+        "| row | yolov5's call, ms | patched call, ms | speed-up of the call | saved ms per optimizer step | "
+        "share of forward + backward |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row, (plain, patched) in {
+        "foreach_ema": ("ema_plain", "ema_foreach"),
+        "fused_optimizer": ("optimizer_plain", "optimizer_fused"),
+    }.items():
+        lines.append(
+            f"| `{row}` | {f(c['ms_per_call'][plain]['median'], 2)} | {f(c['ms_per_call'][patched]['median'], 2)} "
+            f"| {f(c[row]['speedup'])} | {f(c[row]['saved_ms_per_step'], 2)} | "
+            f"{c[row]['share_of_forward_backward'] * 100:.1f} % |"
+        )
+    lines += [
+        "",
+        "| round | variant | wall s | steady train img/s | epoch-loop img/s | final mAP50 |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for i, r in enumerate(res["rounds"]):
         for name in r["order"]:
             v = r[name]
-            lines.append(f"| {i} | {name} | {v['wall_s']:.1f} | {f(v['steady_images_per_s'], 1)} | "
-                         f"{f(v['epoch_loop_images_per_s'], 1)} | {v['map50']:.4f} |")  # fmt: skip
+            lines.append(
+                f"| {i} | {name} | {v['wall_s']:.1f} | {f(v['steady_images_per_s'], 1)} | "
+                f"{f(v['epoch_loop_images_per_s'], 1)} | {v['map50']:.4f} |"
+            )
     lines += ["", f"GPU: {res['gpu_reason']}."]
     return lines
 

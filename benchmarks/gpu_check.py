@@ -28,8 +28,13 @@ from stagedyolo.telemetry.summary import gpu_ids, read_telemetry
 
 CONFIG = ROOT / "benchmarks" / "configs" / "gpu640.yaml"
 # The goals on this load, fixed before any run.
-GOALS = {"gpu_busy_share_min": 0.60, "probe_s_max": 10.0, "stage_setup_s_max": 3.0, "amp": True,
-         "prediction_tolerance": 0.25}  # fmt: skip
+GOALS = {
+    "gpu_busy_share_min": 0.60,
+    "probe_s_max": 10.0,
+    "stage_setup_s_max": 3.0,
+    "amp": True,
+    "prediction_tolerance": 0.25,
+}
 
 
 def gpu_busy_share(telemetry_csv: Path) -> tuple[float | None, str | None]:
@@ -52,38 +57,61 @@ def summarise_run(run_dir: Path) -> dict:
     for timing_path in sorted((run_dir / "stages").glob("*/timing.json"), key=lambda p: p.stat().st_mtime):
         timing = read_json(timing_path)
         prediction = timing.get("prediction") or {}
-        stages.append({
-            "stage": timing["stage"],
-            "predicted_images_per_s": prediction.get("predicted_images_per_s"),
-            "measured_steady_images_per_s": timing["throughput"]["steady_images_per_s"],
-            "ratio": prediction.get("ratio"),
-            "setup_s": timing["phases"]["setup"]["s"],
-            "amp": timing["config"].get("amp"),
-            "amp_reason": timing["config"].get("amp_reason"),
-            "gpu_util_mean_pct": (timing["gpu"].get("util_pct") or {}).get("mean"),
-            "data_wait_share": timing["data_wait"].get("steady_share"),
-        })  # fmt: skip
+        stages.append(
+            {
+                "stage": timing["stage"],
+                "predicted_images_per_s": prediction.get("predicted_images_per_s"),
+                "measured_steady_images_per_s": timing["throughput"]["steady_images_per_s"],
+                "ratio": prediction.get("ratio"),
+                "setup_s": timing["phases"]["setup"]["s"],
+                "amp": timing["config"].get("amp"),
+                "amp_reason": timing["config"].get("amp_reason"),
+                "gpu_util_mean_pct": (timing["gpu"].get("util_pct") or {}).get("mean"),
+                "data_wait_share": timing["data_wait"].get("steady_share"),
+            }
+        )
     budget = tuning.get("budget_s") or {}
-    return {"probe_s": budget.get("rule_s"), "probe_reused": "reused" in tuning,
-            "amp_verdict": tuning.get("amp_verdict"), "choice": tuning.get("choice"), "stages": stages}  # fmt: skip
+    return {
+        "probe_s": budget.get("rule_s"),
+        "probe_reused": "reused" in tuning,
+        "amp_verdict": tuning.get("amp_verdict"),
+        "choice": tuning.get("choice"),
+        "stages": stages,
+    }
 
 
 def goals(summary: dict, busy: float | None) -> dict:
     stages = summary["stages"]
     ratios = [s["ratio"] for s in stages]
     return {
-        "gpu_busy_share": {"goal": f">= {GOALS['gpu_busy_share_min']}", "value": busy,
-                           "met": None if busy is None else busy >= GOALS["gpu_busy_share_min"]},
-        "probe_s": {"goal": f"<= {GOALS['probe_s_max']}", "value": summary["probe_s"],
-                    "met": None if summary["probe_s"] is None else summary["probe_s"] <= GOALS["probe_s_max"]},
-        "stage_setup_s": {"goal": f"<= {GOALS['stage_setup_s_max']} each", "value": [s["setup_s"] for s in stages],
-                          "met": bool(stages) and all(s["setup_s"] <= GOALS["stage_setup_s_max"] for s in stages)},
-        "amp_on": {"goal": "on", "value": [s["amp"] for s in stages],
-                   "met": bool(stages) and all(s["amp"] is True for s in stages)},
-        "predictions": {"goal": f"within +-{GOALS['prediction_tolerance']:.0%}", "value": ratios,
-                        "met": None if not ratios or None in ratios
-                        else all(abs(r - 1) <= GOALS["prediction_tolerance"] for r in ratios)},
-    }  # fmt: skip
+        "gpu_busy_share": {
+            "goal": f">= {GOALS['gpu_busy_share_min']}",
+            "value": busy,
+            "met": None if busy is None else busy >= GOALS["gpu_busy_share_min"],
+        },
+        "probe_s": {
+            "goal": f"<= {GOALS['probe_s_max']}",
+            "value": summary["probe_s"],
+            "met": None if summary["probe_s"] is None else summary["probe_s"] <= GOALS["probe_s_max"],
+        },
+        "stage_setup_s": {
+            "goal": f"<= {GOALS['stage_setup_s_max']} each",
+            "value": [s["setup_s"] for s in stages],
+            "met": bool(stages) and all(s["setup_s"] <= GOALS["stage_setup_s_max"] for s in stages),
+        },
+        "amp_on": {
+            "goal": "on",
+            "value": [s["amp"] for s in stages],
+            "met": bool(stages) and all(s["amp"] is True for s in stages),
+        },
+        "predictions": {
+            "goal": f"within +-{GOALS['prediction_tolerance']:.0%}",
+            "value": ratios,
+            "met": None
+            if not ratios or None in ratios
+            else all(abs(r - 1) <= GOALS["prediction_tolerance"] for r in ratios),
+        },
+    }
 
 
 def sampled(argv: list[str], *, cwd: Path, log: Path, csv: Path, env: dict | None = None) -> dict:
@@ -103,8 +131,10 @@ def run_check(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     data_root = Path(args.data_dir)
     if not (data_root / "data.yaml").exists():
-        subprocess.run([PYTHON, str(ROOT / "benchmarks" / "make_det640.py"), str(data_root), str(args.ntrain),
-                        str(args.nval)], check=True)  # fmt: skip
+        subprocess.run(
+            [PYTHON, str(ROOT / "benchmarks" / "make_det640.py"), str(data_root), str(args.ntrain), str(args.nval)],
+            check=True,
+        )
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     for key, value in yaml.safe_load(CONFIG.read_text()).items():  # the check's overrides, one level deep
         config[key] = {**config[key], **value} if isinstance(value, dict) and key != "stages" else value
@@ -114,19 +144,57 @@ def run_check(args) -> dict:
     bare = None
     if not args.skip_bare:
         epochs = sum(int(s.get("epochs", 1)) for s in config["stages"].values())
-        bare_argv = [PYTHON, "-m", "yolov5.train", "--data", str(data_root / "data.yaml"), "--cfg",
-                     config["model"]["cfg"], "--weights", "", "--img", str(defaults["img"]), "--batch",
-                     str(defaults["batch"]), "--epochs", str(epochs), "--project", str(work / "bare"), "--exist-ok"]
-        bare = sampled(bare_argv, cwd=work, log=work / "bare.log", csv=work / "bare_telemetry.csv",
-                       env=yolov5_env(work, args.cores))  # fmt: skip
+        bare_argv = [
+            PYTHON,
+            "-m",
+            "yolov5.train",
+            "--data",
+            str(data_root / "data.yaml"),
+            "--cfg",
+            config["model"]["cfg"],
+            "--weights",
+            "",
+            "--img",
+            str(defaults["img"]),
+            "--batch",
+            str(defaults["batch"]),
+            "--epochs",
+            str(epochs),
+            "--project",
+            str(work / "bare"),
+            "--exist-ok",
+        ]
+        bare = sampled(
+            bare_argv,
+            cwd=work,
+            log=work / "bare.log",
+            csv=work / "bare_telemetry.csv",
+            env=yolov5_env(work, args.cores),
+        )
         bare["gpu_busy_share"], bare["gpu_reason"] = gpu_busy_share(work / "bare_telemetry.csv")
-    pipeline = sampled([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(work / "pipeline"), "--cores",
-                        str(args.cores), "--resources", "gpu=1"], cwd=ROOT, log=work / "pipeline.log",
-                       csv=work / "pipeline_telemetry.csv")  # fmt: skip
+    pipeline = sampled(
+        [
+            SNAKEMAKE,
+            "-s",
+            str(ROOT / "Snakefile"),
+            "-d",
+            str(work / "pipeline"),
+            "--cores",
+            str(args.cores),
+            "--resources",
+            "gpu=1",
+        ],
+        cwd=ROOT,
+        log=work / "pipeline.log",
+        csv=work / "pipeline_telemetry.csv",
+    )
     busy, reason = gpu_busy_share(work / "pipeline_telemetry.csv")
     summary = summarise_run(work / "results" / config["run"])
-    return {"pipeline": {**pipeline, "gpu_busy_share": busy, "gpu_reason": reason, **summary},
-            "bare_yolov5": bare, "goals": goals(summary, busy)}  # fmt: skip
+    return {
+        "pipeline": {**pipeline, "gpu_busy_share": busy, "gpu_reason": reason, **summary},
+        "bare_yolov5": bare,
+        "goals": goals(summary, busy),
+    }
 
 
 def cuda_device() -> tuple[str | None, str | None]:
@@ -153,8 +221,13 @@ def main() -> int:
         print(json.dumps({**summary, "goals": goals(summary, None)}, indent=2))
         return 0
     gpu, reason = cuda_device()
-    result = {"machine": machine_info(), "gpu": gpu, "gpu_reason": reason, "goals_fixed": GOALS,
-              "written_unix": round(time.time(), 3)}  # fmt: skip
+    result = {
+        "machine": machine_info(),
+        "gpu": gpu,
+        "gpu_reason": reason,
+        "goals_fixed": GOALS,
+        "written_unix": round(time.time(), 3),
+    }
     if gpu is not None:
         result.update(run_check(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

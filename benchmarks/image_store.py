@@ -34,10 +34,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import WORK, LoadSampler, machine_info, save, stage_dataset_copy  # noqa: E402
 
 SPEC = {
-    "epochs": 1, "img": 128, "batch": 16, "workers": 1, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": {"mosaic": 0.0}, "cache": "ram", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 1,
+    "img": 128,
+    "batch": 16,
+    "workers": 1,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {"mosaic": 0.0},
+    "cache": "ram",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+}
 METRICS = ("cache_s", "build_s", "setup_s")
 
 
@@ -46,14 +60,29 @@ def run(kind: str, data: Path, store: str | None, workdir: Path, name: str) -> d
 
     stage_dir = workdir / "stages" / name
     shutil.rmtree(stage_dir, ignore_errors=True)
-    plan = build_plan(SPEC, stage=name, data=str(data), weights=None, cfg="yolov5n.yaml", cache_mode="ram",
-                      threads=2, work_dir=workdir / "work" / name, image_store=store)  # fmt: skip
+    plan = build_plan(
+        SPEC,
+        stage=name,
+        data=str(data),
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="ram",
+        threads=2,
+        work_dir=workdir / "work" / name,
+        image_store=store,
+    )
     run_stage(plan, stage_dir=stage_dir, attempt=1, log_path=workdir / f"{name}.log", engine_home=workdir / "engine")
     t = json.loads((stage_dir / "timing.json").read_text())
     sd = t["setup_detail"]
-    return {"kind": kind, "cache_source": sd["cache_source"], "decoded": sd["cache_images_decoded"],
-            "cache_s": sd["cache_s"], "build_s": sd["build_s"], "setup_s": t["phases"]["setup"]["s"],
-            "wall_s": t["wall_s"]}  # fmt: skip
+    return {
+        "kind": kind,
+        "cache_source": sd["cache_source"],
+        "decoded": sd["cache_images_decoded"],
+        "cache_s": sd["cache_s"],
+        "build_s": sd["build_s"],
+        "setup_s": t["phases"]["setup"]["s"],
+        "wall_s": t["wall_s"],
+    }
 
 
 def main(argv=None):
@@ -67,8 +96,15 @@ def main(argv=None):
     src = write_demo_dataset(a.workdir / "src", DemoSpec(TARGET_CLASSES, 256, 64))
     data = stage_dataset_copy(src, a.workdir / "data")
     t0 = time.monotonic()
-    decision = cache_dataset(str(data), str(a.workdir / "cache.json"), "ram", 0.3, 160, log=lambda *_: None,
-                             store_sizes=[128, 160])  # fmt: skip  (the default demo's stage sizes)
+    decision = cache_dataset(
+        str(data),
+        str(a.workdir / "cache.json"),
+        "ram",
+        0.3,
+        160,
+        log=lambda *_: None,
+        store_sizes=[128, 160],  # the default demo's stage sizes
+    )
     build = {"seconds": round(time.monotonic() - t0, 3), **{k: decision["store"][k] for k in ("decoded", "bytes")}}
     store = decision["store"]["root"]
     runs = {"prebuilt": [], "engine": []}
@@ -76,34 +112,55 @@ def main(argv=None):
     run("warm-up", data, None, a.workdir, "warmup")
     with LoadSampler() as load:
         for rnd in range(a.rounds):
-            for kind in (("prebuilt", "engine") if rnd % 2 == 0 else ("engine", "prebuilt")):
+            for kind in ("prebuilt", "engine") if rnd % 2 == 0 else ("engine", "prebuilt"):
                 r = run(kind, data, store if kind == "prebuilt" else None, a.workdir, f"{kind}_r{rnd}")
                 runs[kind].append(r)
                 print(f"round {rnd} {kind}: {r}", flush=True)
     med = {k: {m: statistics.median(x[m] for x in rs) for m in METRICS} for k, rs in runs.items()}
     spread = {k: {m: [min(x[m] for x in rs), max(x[m] for x in rs)] for m in METRICS} for k, rs in runs.items()}
     ratio = med["prebuilt"]["cache_s"] / med["engine"]["cache_s"]
-    targets = {"prebuilt decodes 0 images, every run": all(x["decoded"] == 0 for x in runs["prebuilt"]),
-               "median cache_s prebuilt <= 0.5 x engine": ratio <= 0.5}  # fmt: skip
-    res = {"runs": runs, "median": med, "spread": spread, "ratio_cache_s": ratio, "store_build": build,
-           "targets": targets, "machine": machine_info(), "load": load.summary()}  # fmt: skip
+    targets = {
+        "prebuilt decodes 0 images, every run": all(x["decoded"] == 0 for x in runs["prebuilt"]),
+        "median cache_s prebuilt <= 0.5 x engine": ratio <= 0.5,
+    }
+    res = {
+        "runs": runs,
+        "median": med,
+        "spread": spread,
+        "ratio_cache_s": ratio,
+        "store_build": build,
+        "targets": targets,
+        "machine": machine_info(),
+        "load": load.summary(),
+    }
     L = res["load"]
     md = [
-        "# Image store: stage set-up with the RAM cache prebuilt once vs rebuilt in the stage", "",
+        "# Image store: stage set-up with the RAM cache prebuilt once vs rebuilt in the stage",
+        "",
         f"{a.rounds} interleaved rounds (order alternates); medians [min–max]. Demo target set (256 + 64 images, "
         f"160 px), img 128, 1 epoch, cache ram, 1 worker + 1 torch thread. Machine: {res['machine']['cores']} cores, "
         f"{res['machine']['cpu_model']}, shared with other jobs: 1-min load {L['load1_min']:.2f}–{L['load1_max']:.2f}"
-        f" (mean {L['load1_mean']:.2f}).", "",
+        f" (mean {L['load1_mean']:.2f}).",
+        "",
         f"One-off store build (cache_dataset, sizes 128 and 160, {build['decoded']} images decoded once): "
-        f"{build['seconds']:.2f} s, {build['bytes'] / 2**20:.1f} MiB.", "",
-        "| measure | prebuilt | engine (yolov5 decodes) | ratio |", "|---|---:|---:|---:|",
-        *[f"| {label} | {med['prebuilt'][m]:.3f} s [{spread['prebuilt'][m][0]:.3f}–{spread['prebuilt'][m][1]:.3f}] "
-          f"| {med['engine'][m]:.3f} s [{spread['engine'][m][0]:.3f}–{spread['engine'][m][1]:.3f}] "
-          f"| {med['prebuilt'][m] / med['engine'][m]:.3f} |" for label, m in (
-            ("loaders' dataset set-up (cache_s)", "cache_s"), ("build_s (dataset + model)", "build_s"),
-            ("set-up phase (process start -> first batch)", "setup_s"))],
-        "", f"Images decoded in the stage: prebuilt {[x['decoded'] for x in runs['prebuilt']]}, "
-        f"engine {[x['decoded'] for x in runs['engine']]}.", "",
+        f"{build['seconds']:.2f} s, {build['bytes'] / 2**20:.1f} MiB.",
+        "",
+        "| measure | prebuilt | engine (yolov5 decodes) | ratio |",
+        "|---|---:|---:|---:|",
+        *[
+            f"| {label} | {med['prebuilt'][m]:.3f} s [{spread['prebuilt'][m][0]:.3f}–{spread['prebuilt'][m][1]:.3f}] "
+            f"| {med['engine'][m]:.3f} s [{spread['engine'][m][0]:.3f}–{spread['engine'][m][1]:.3f}] "
+            f"| {med['prebuilt'][m] / med['engine'][m]:.3f} |"
+            for label, m in (
+                ("loaders' dataset set-up (cache_s)", "cache_s"),
+                ("build_s (dataset + model)", "build_s"),
+                ("set-up phase (process start -> first batch)", "setup_s"),
+            )
+        ],
+        "",
+        f"Images decoded in the stage: prebuilt {[x['decoded'] for x in runs['prebuilt']]}, "
+        f"engine {[x['decoded'] for x in runs['engine']]}.",
+        "",
         "Targets (fixed before running): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in targets.items()),
         "",
     ]

@@ -41,8 +41,9 @@ def draw_one(job: tuple[str, str, int]) -> None:
             cv2.circle(img, (x, y), size // 2, colour, -1)
             box_w, box_h = size, size
         else:
-            points = np.array([[x, y - size // 2], [x - size // 2, y + size // 2], [x + size // 2, y + size // 2]],
-                              np.int32)  # fmt: skip
+            points = np.array(
+                [[x, y - size // 2], [x - size // 2, y + size // 2], [x + size // 2, y + size // 2]], np.int32
+            )
             cv2.fillPoly(img, [points], colour)
             box_w, box_h = size, size
         lines.append(f"{cls} {x / WIDTH:.6f} {y / HEIGHT:.6f} {box_w / WIDTH:.6f} {box_h / HEIGHT:.6f}")

@@ -76,8 +76,19 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (PYTHON, ROOT, WORK, CsvPoller, copy_dataset, machine_info, make_snakemake_workdir,  # noqa: E402
-                    run_snakemake, save, snakemake_jobs, yolov5_env)  # fmt: skip
+from common import (
+    PYTHON,
+    ROOT,
+    WORK,
+    CsvPoller,
+    copy_dataset,
+    machine_info,
+    make_snakemake_workdir,  # noqa: E402
+    run_snakemake,
+    save,
+    snakemake_jobs,
+    yolov5_env,
+)
 from make_det640 import make_det640  # noqa: E402
 
 FIXED_TARGETS = (0.5, 0.7, 0.9)
@@ -104,7 +115,7 @@ RESTART_DEMO_STAGES = {
     "frozen": {"epochs": 6, "img": 128, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
     "finetune": {"epochs": 6, "img": 128, "lr0": 0.0005, "val_period": 3, "start_from": "previous_weights"},
     "highres": {"epochs": 3, "img": 160, "lr0": 0.0003, "start_from": "previous_weights"},
-}  # fmt: skip
+}
 
 
 def restart_config(config: dict, stages: dict) -> dict:
@@ -137,13 +148,25 @@ def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: 
     lrf = linear_lrf(epochs)
     small = max(64, img - 32)
     config["stages"] = {
-        "smoke": {"epochs": epochs[0], "img": small, "start_from": "model", "val_period": 2, "nosave": True,
-                  "hyp": {"lrf": lrf[0]}},
-        "frozen": {"epochs": epochs[1], "img": small, "freeze": 10, "val_period": 1, "handover_on_stall": 0.25,
-                   "hyp": {"lrf": lrf[1]}},
+        "smoke": {
+            "epochs": epochs[0],
+            "img": small,
+            "start_from": "model",
+            "val_period": 2,
+            "nosave": True,
+            "hyp": {"lrf": lrf[0]},
+        },
+        "frozen": {
+            "epochs": epochs[1],
+            "img": small,
+            "freeze": 10,
+            "val_period": 1,
+            "handover_on_stall": 0.25,
+            "hyp": {"lrf": lrf[1]},
+        },
         "finetune": {"epochs": epochs[2], "img": small, "val_period": 3, "hyp": {"lrf": lrf[2]}},
         "highres": {"epochs": epochs[3], "val_period": 1, "hyp": {"lrf": lrf[3], "mosaic": 0.0}},
-    }  # fmt: skip
+    }
     return config
 
 
@@ -153,7 +176,7 @@ def det_restart_stages(frozen: int, finetune: int) -> dict:
         "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
         "frozen": {"epochs": frozen, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
         "finetune": {"epochs": finetune, "lr0": 0.01 / 4, "val_period": 3, "start_from": "previous_weights"},
-    }  # fmt: skip
+    }
 
 
 def stage_imgs(config: dict) -> dict:
@@ -180,14 +203,21 @@ def run_staged(config: dict, workdir: Path, side: str = "staged") -> dict:
     jobs = snakemake_jobs((workdir / "snakemake.log").read_text())
     first_stage = next(iter(config["stages"]))
     stage_json = json.loads((run_dir / "stages" / first_stage / "stage.json").read_text())
-    return {**probe_figures(run_dir, config),
-        "side": side, "start": run["start"], "wall_s": run["wall_s"], "load_before": load_before,
-        "load_after": _loads(), "rows": _rows(poller.events, run["start"], lambda path: imgs[Path(path).parent.name]),
+    return {
+        **probe_figures(run_dir, config),
+        "side": side,
+        "start": run["start"],
+        "wall_s": run["wall_s"],
+        "load_before": load_before,
+        "load_after": _loads(),
+        "rows": _rows(poller.events, run["start"], lambda path: imgs[Path(path).parent.name]),
         "prep_job_s": {j["rule"]: j["end"] - j["start"] for j in jobs if j["rule"] in PREP_RULES and "end" in j},
         "stage_job_s": {j["stage"]: j["end"] - j["start"] for j in jobs if j["rule"] == "train_stage" and "end" in j},
         "cache_mode": json.loads((run_dir / "data" / "cache.json").read_text())["mode"],
-        "workers": stage_json["workers"], "torch_threads": stage_json["torch_threads"], "batch": stage_json["batch"],
-    }  # fmt: skip
+        "workers": stage_json["workers"],
+        "torch_threads": stage_json["torch_threads"],
+        "batch": stage_json["batch"],
+    }
 
 
 def probe_figures(run_dir: Path, config: dict) -> dict:
@@ -201,8 +231,11 @@ def probe_figures(run_dir: Path, config: dict) -> dict:
         timing = run_dir / "stages" / stage / "timing.json"
         prediction = json.loads(timing.read_text()).get("prediction") if timing.exists() else None
         ratios[stage] = (prediction or {}).get("ratio")
-    return {"probe_choice": tuning and tuning.get("choice"),
-            "probe_rule_s": tuning and tuning["budget_s"].get("rule_s"), "prediction_ratio": ratios}
+    return {
+        "probe_choice": tuning and tuning.get("choice"),
+        "probe_rule_s": tuning and tuning["budget_s"].get("rule_s"),
+        "prediction_ratio": ratios,
+    }
 
 
 def _rows(events: list[dict], start: float, img_of) -> list[dict]:
@@ -210,9 +243,15 @@ def _rows(events: list[dict], start: float, img_of) -> list[dict]:
     rows = []
     for event in sorted(events, key=lambda e: e["t"]):
         m = event["map50"]
-        rows.append({"s": round(event["t"] - start, 2), "stage": Path(event["path"]).parent.name,
-                     "epoch": event["epoch"], "map50": None if m is None or m != m else round(m, 4),
-                     "img": img_of(event["path"])})  # fmt: skip
+        rows.append(
+            {
+                "s": round(event["t"] - start, 2),
+                "stage": Path(event["path"]).parent.name,
+                "epoch": event["epoch"],
+                "map50": None if m is None or m != m else round(m, 4),
+                "img": img_of(event["path"]),
+            }
+        )
     return rows
 
 
@@ -222,32 +261,79 @@ def run_control(config: dict, staged: dict, data_yaml: Path, budget: int, img: i
 
     if workdir.exists():
         shutil.rmtree(workdir)
-    one_stage = {**config, "stages": {"control": {"epochs": budget, "img": img, "freeze": 0, "val_period": 1,
-                                                  "start_from": "model", "nosave": False}}}  # fmt: skip
-    plan = build_plan(stage_spec(one_stage, "control"), stage="control", data=str(data_yaml),
-                      weights=config["model"]["weights"], cfg=config["model"]["cfg"],
-                      cache_mode=staged["cache_mode"], threads=PIPELINE_CORES, work_dir=workdir / "work",
-                      probe_choice=staged["probe_choice"])  # fmt: skip
+    one_stage = {
+        **config,
+        "stages": {
+            "control": {
+                "epochs": budget,
+                "img": img,
+                "freeze": 0,
+                "val_period": 1,
+                "start_from": "model",
+                "nosave": False,
+            }
+        },
+    }
+    plan = build_plan(
+        stage_spec(one_stage, "control"),
+        stage="control",
+        data=str(data_yaml),
+        weights=config["model"]["weights"],
+        cfg=config["model"]["cfg"],
+        cache_mode=staged["cache_mode"],
+        threads=PIPELINE_CORES,
+        work_dir=workdir / "work",
+        probe_choice=staged["probe_choice"],
+    )
     load_before = _loads()
     poller = CsvPoller(workdir, ["work/results.csv"]).start()
     start = time.time()
-    run_stage(plan, stage_dir=workdir / "stage", attempt=1, log_path=workdir / "stage.log",
-              engine_home=workdir / "engine")  # fmt: skip
+    run_stage(
+        plan, stage_dir=workdir / "stage", attempt=1, log_path=workdir / "stage.log", engine_home=workdir / "engine"
+    )
     wall = time.time() - start
     poller.stop()
-    return {"side": "control", "budget": budget, "start": start, "wall_s": wall, "load_before": load_before,
-            "load_after": _loads(), "rows": _rows(poller.events, start, lambda path: img),
-            "workers": plan["workers"], "torch_threads": plan["torch_threads"], "batch": plan["batch"],
-            "cache": plan["cache"], "optimizer": plan["optimizer"], "hyp": plan["hyp"],
-            "nominal_batch": plan["nominal_batch"], "min_warmup_iters": plan["min_warmup_iters"]}  # fmt: skip
+    return {
+        "side": "control",
+        "budget": budget,
+        "start": start,
+        "wall_s": wall,
+        "load_before": load_before,
+        "load_after": _loads(),
+        "rows": _rows(poller.events, start, lambda path: img),
+        "workers": plan["workers"],
+        "torch_threads": plan["torch_threads"],
+        "batch": plan["batch"],
+        "cache": plan["cache"],
+        "optimizer": plan["optimizer"],
+        "hyp": plan["hyp"],
+        "nominal_batch": plan["nominal_batch"],
+        "min_warmup_iters": plan["min_warmup_iters"],
+    }
 
 
 def run_newcomer(data_yaml: Path, weights: str, epochs: int, img: int, workdir: Path, cap_s: float) -> dict:
     if workdir.exists():
         shutil.rmtree(workdir)  # yolov5 --exist-ok would append to an old results.csv
     workdir.mkdir(parents=True)
-    argv = [PYTHON, "-m", "yolov5.train", "--data", str(data_yaml), "--weights", weights, "--img", str(img),
-            "--epochs", str(epochs), "--project", str(workdir), "--name", "run", "--exist-ok"]  # fmt: skip
+    argv = [
+        PYTHON,
+        "-m",
+        "yolov5.train",
+        "--data",
+        str(data_yaml),
+        "--weights",
+        weights,
+        "--img",
+        str(img),
+        "--epochs",
+        str(epochs),
+        "--project",
+        str(workdir),
+        "--name",
+        "run",
+        "--exist-ok",
+    ]
     # torch's threads over every core the pipeline had, yolov5's default --workers 8 (capped at the cores)
     env = yolov5_env(workdir, PIPELINE_CORES)
     load_before = _loads()
@@ -264,9 +350,18 @@ def run_newcomer(data_yaml: Path, weights: str, epochs: int, img: int, workdir: 
             proc.wait()
     wall = time.time() - start
     poller.stop()
-    return {"side": "newcomer", "budget": epochs, "start": start, "wall_s": wall, "load_before": load_before,
-            "load_after": _loads(), "rows": _rows(poller.events, start, lambda path: img), "rc": proc.returncode,
-            "stopped": stopped, "argv": argv[1:]}  # fmt: skip
+    return {
+        "side": "newcomer",
+        "budget": epochs,
+        "start": start,
+        "wall_s": wall,
+        "load_before": load_before,
+        "load_after": _loads(),
+        "rows": _rows(poller.events, start, lambda path: img),
+        "rc": proc.returncode,
+        "stopped": stopped,
+        "argv": argv[1:],
+    }
 
 
 # --------------------------------------------------------------------------------------------------- analysis
@@ -307,19 +402,31 @@ def analyse_repeat(runs: list[dict], img: int) -> dict:
     if control_best is not None:
         targets[BEST] = control_best
     return {
-        "targets": targets, "staged_best_map50": best_map(staged["rows"], img),
-        "staged_final_map50_any_img": next((r["map50"] for r in reversed(staged["rows"]) if r["map50"] is not None),
-                                           None),  # fmt: skip
-        "control_best_map50": control_best, "newcomer_best_map50": best_map(newcomer[0]["rows"], img),
+        "targets": targets,
+        "staged_best_map50": best_map(staged["rows"], img),
+        "staged_final_map50_any_img": next(
+            (r["map50"] for r in reversed(staged["rows"]) if r["map50"] is not None), None
+        ),
+        "control_best_map50": control_best,
+        "newcomer_best_map50": best_map(newcomer[0]["rows"], img),
         "vs_control": compare(staged, controls, img, targets),
         "vs_newcomer": compare(staged, newcomer, img, targets),
-        **({"restart_vs_control": compare(restart[0], controls, img, targets),
-            "vs_restart": compare(staged, restart, img, targets),
-            "restart_best_map50": best_map(restart[0]["rows"], img)} if restart else {}),
-        "whole_wall_s": {"staged": staged["wall_s"], **{f"control_{c['budget']}": c["wall_s"] for c in controls},
-                         "controls_together": sum(c["wall_s"] for c in controls),
-                         f"newcomer_{newcomer[0]['budget']}": newcomer[0]["wall_s"],
-                         **({"restart": restart[0]["wall_s"]} if restart else {})},  # fmt: skip
+        **(
+            {
+                "restart_vs_control": compare(restart[0], controls, img, targets),
+                "vs_restart": compare(staged, restart, img, targets),
+                "restart_best_map50": best_map(restart[0]["rows"], img),
+            }
+            if restart
+            else {}
+        ),
+        "whole_wall_s": {
+            "staged": staged["wall_s"],
+            **{f"control_{c['budget']}": c["wall_s"] for c in controls},
+            "controls_together": sum(c["wall_s"] for c in controls),
+            f"newcomer_{newcomer[0]['budget']}": newcomer[0]["wall_s"],
+            **({"restart": restart[0]["wall_s"]} if restart else {}),
+        },
     }
 
 
@@ -327,8 +434,13 @@ def spread(values: list[float]) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3),
-            "n": len(values), "values": [round(v, 3) for v in values]}  # fmt: skip
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+        "values": [round(v, 3) for v in values],
+    }
 
 
 def summarise(repeats: list[dict]) -> dict:
@@ -345,14 +457,16 @@ def summarise(repeats: list[dict]) -> dict:
                 "bound": spread([c["ratio"] for c in cells if c["ratio_kind"].startswith("upper bound")]),
                 "kinds": [c["ratio_kind"] for c in cells],
                 "all_ratios": [c["ratio"] and round(c["ratio"], 3) for c in cells],
-                "staged_s": spread([c["staged_s"] for c in cells]), "other_s": spread([c["other_s"] for c in cells]),
+                "staged_s": spread([c["staged_s"] for c in cells]),
+                "other_s": spread([c["other_s"] for c in cells]),
                 "target_values": [round(c["target"], 4) for c in cells],
-            }  # fmt: skip
+            }
         summary[control] = per_target
     walls = [r["whole_wall_s"] for r in repeats]
     summary["whole_wall_s"] = {key: spread([w[key] for w in walls]) for key in walls[0]}
     summary["whole_wall_ratio_staged_over_controls_together"] = spread(
-        [w["staged"] / w["controls_together"] for w in walls])
+        [w["staged"] / w["controls_together"] for w in walls]
+    )
     return summary
 
 
@@ -377,12 +491,21 @@ def dataset_plans(inputs: dict, args) -> dict:
     demo = base_config(inputs["demo"], inputs["weights"], "demo")
     det = det_config(inputs["det"], inputs["weights"], args.det_img, args.det_frozen, args.det_finetune)
     plans = {
-        "demo": {"config": demo, "restart_config": restart_config(demo, RESTART_DEMO_STAGES), "data": inputs["demo"],
-                 "img": DEMO_EVAL_IMG, "budgets": args.demo_budgets},
-        "det": {"config": det, "restart_config": restart_config(det, det_restart_stages(args.det_frozen,
-                                                                                         args.det_finetune)),
-                "data": inputs["det"], "img": args.det_img, "budgets": args.det_budgets},
-    }  # fmt: skip
+        "demo": {
+            "config": demo,
+            "restart_config": restart_config(demo, RESTART_DEMO_STAGES),
+            "data": inputs["demo"],
+            "img": DEMO_EVAL_IMG,
+            "budgets": args.demo_budgets,
+        },
+        "det": {
+            "config": det,
+            "restart_config": restart_config(det, det_restart_stages(args.det_frozen, args.det_finetune)),
+            "data": inputs["det"],
+            "img": args.det_img,
+            "budgets": args.det_budgets,
+        },
+    }
     if args.smoke:  # every stage one epoch: checks the script, measures nothing
         for plan in plans.values():
             for key in ("config", "restart_config"):
@@ -408,16 +531,31 @@ def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict 
             runs.append(run_staged(plan["restart_config"], folder / "restart", side="restart"))
         elif step == "newcomer":
             data = copy_dataset(plan["data"], folder / "newcomer_data")
-            runs.append(run_newcomer(data, str(plan["config"]["model"]["weights"]), max(budgets), plan["img"],
-                                     folder / "newcomer", cap_s))  # fmt: skip
+            runs.append(
+                run_newcomer(
+                    data, str(plan["config"]["model"]["weights"]), max(budgets), plan["img"], folder / "newcomer", cap_s
+                )
+            )
         else:
             data = copy_dataset(plan["data"], folder / f"control{step[1]}_data")
-            runs.append(run_control(plan["config"], last_staged, data, step[1], plan["img"],
-                                    folder / f"control{step[1]}"))  # fmt: skip
+            runs.append(
+                run_control(plan["config"], last_staged, data, step[1], plan["img"], folder / f"control{step[1]}")
+            )
         done = runs[-1]
-        print(json.dumps({"dataset": name, "repeat": index, "side": done["side"], "budget": done.get("budget"),
-                          "wall_s": round(done["wall_s"], 1), "best": best_map(done["rows"], plan["img"]),
-                          "load": [done["load_before"], done["load_after"]]}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "dataset": name,
+                    "repeat": index,
+                    "side": done["side"],
+                    "budget": done.get("budget"),
+                    "wall_s": round(done["wall_s"], 1),
+                    "best": best_map(done["rows"], plan["img"]),
+                    "load": [done["load_before"], done["load_after"]],
+                }
+            ),
+            flush=True,
+        )
     return runs
 
 
@@ -455,8 +593,9 @@ def main(argv=None):
         earlier = json.loads(a.resume.read_text())
         runs.update({name: ds["runs"] for name, ds in earlier["datasets"].items()})
         wall_before = earlier["benchmark_wall_s"]
-    last_staged = {name: next((r for r in reversed(sum(runs[name], [])) if r["side"] == "staged"), None)
-                   for name in plans}  # fmt: skip
+    last_staged = {
+        name: next((r for r in reversed(sum(runs[name], [])) if r["side"] == "staged"), None) for name in plans
+    }
     for index in range(a.repeats):
         for name in a.datasets.split(","):
             if index < len(runs[name]):
@@ -469,20 +608,31 @@ def main(argv=None):
 
 
 def write_results(a, plans: dict, runs: dict, wall_s: float) -> None:
-    result = {"design": __doc__.split("\n\n", 1)[1].split("\nRun:")[0], "targets": {"fixed": list(FIXED_TARGETS),
-              "also": f"{BEST}: the fair control's best mAP50 in each repeat"}, "goal_ratio_det": GOAL_RATIO,
-              "repeats": {name: len(r) for name, r in runs.items() if r}, "repeats_planned": a.repeats,
-              "machine": machine_info(), "args": {k: str(v) for k, v in vars(a).items()}, "benchmark_wall_s": wall_s,
-              "datasets": {}}  # fmt: skip
+    result = {
+        "design": __doc__.split("\n\n", 1)[1].split("\nRun:")[0],
+        "targets": {"fixed": list(FIXED_TARGETS), "also": f"{BEST}: the fair control's best mAP50 in each repeat"},
+        "goal_ratio_det": GOAL_RATIO,
+        "repeats": {name: len(r) for name, r in runs.items() if r},
+        "repeats_planned": a.repeats,
+        "machine": machine_info(),
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "benchmark_wall_s": wall_s,
+        "datasets": {},
+    }
     for name, plan in plans.items():
         if not runs[name]:
             continue
         repeats = [analyse_repeat(r, plan["img"]) for r in runs[name]]
         result["datasets"][name] = {
-            "eval_img": plan["img"], "budgets": plan["budgets"], "config": plan["config"],
-            "stage_imgs": stage_imgs(plan["config"]), "repeats_done": len(repeats), "repeats": repeats,
-            "summary": summarise(repeats), "runs": runs[name],
-        }  # fmt: skip
+            "eval_img": plan["img"],
+            "budgets": plan["budgets"],
+            "config": plan["config"],
+            "stage_imgs": stage_imgs(plan["config"]),
+            "repeats_done": len(repeats),
+            "repeats": repeats,
+            "summary": summarise(repeats),
+            "runs": runs[name],
+        }
     save(a.name, result, markdown(result))
 
 
@@ -490,8 +640,11 @@ def write_results(a, plans: dict, runs: dict, wall_s: float) -> None:
 def _cell(s: dict | None, unit: str = "") -> str:
     if not s:
         return "—"
-    return f"{s['median']:.3f}{unit} ({s['min']:.3f}–{s['max']:.3f}, n={s['n']})" if not unit else \
-        f"{s['median']:.1f} s ({s['min']:.1f}–{s['max']:.1f})"  # fmt: skip
+    return (
+        f"{s['median']:.3f}{unit} ({s['min']:.3f}–{s['max']:.3f}, n={s['n']})"
+        if not unit
+        else f"{s['median']:.1f} s ({s['min']:.1f}–{s['max']:.1f})"
+    )
 
 
 def _ratio_cell(cell: dict) -> str:
@@ -503,46 +656,70 @@ def _ratio_cell(cell: dict) -> str:
 
 def markdown(result: dict) -> list[str]:
     info = result["machine"]
-    md = ["# Time to mAP50: staged pipeline vs a fair one-stage control (and a newcomer's yolov5 run)", "",
-          f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU, shared with other jobs (load averages per run "
-          f"below). Repeats: {result['repeats']} (planned {result['repeats_planned']}), order alternating; "
-          f"benchmark wall {result['benchmark_wall_s'] / 60:.0f} min. Ratio = staged time / the other side's time "
-          "to the same mAP50 at the same image size: median "
-          "(min–max, n = repeats where both sides reached it). `control_best` = the fair control's best mAP50 in "
-          "that repeat.", ""]  # fmt: skip
+    md = [
+        "# Time to mAP50: staged pipeline vs a fair one-stage control (and a newcomer's yolov5 run)",
+        "",
+        f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU, shared with other jobs (load averages per run "
+        f"below). Repeats: {result['repeats']} (planned {result['repeats_planned']}), order alternating; "
+        f"benchmark wall {result['benchmark_wall_s'] / 60:.0f} min. Ratio = staged time / the other side's time "
+        "to the same mAP50 at the same image size: median "
+        "(min–max, n = repeats where both sides reached it). `control_best` = the fair control's best mAP50 in "
+        "that repeat.",
+        "",
+    ]
     for name, ds in result["datasets"].items():
         s = ds["summary"]
-        md += [f"## {name} (evaluated at {ds['eval_img']} px; control budgets {ds['budgets']} epochs)", "",
-               "| target | staged time | fair control time (best budget) | **ratio staged / fair control** | "
-               "newcomer time | ratio staged / newcomer |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        md += [
+            f"## {name} (evaluated at {ds['eval_img']} px; control budgets {ds['budgets']} epochs)",
+            "",
+            "| target | staged time | fair control time (best budget) | **ratio staged / fair control** | "
+            "newcomer time | ratio staged / newcomer |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for target in s["vs_control"]:
             c, n = s["vs_control"][target], s["vs_newcomer"][target]
             values = ", ".join(f"{v:.3f}" for v in set(c["target_values"])) if target == BEST else target
             note = "" if all(k == "measured" for k in c["kinds"]) else f" [{'; '.join(sorted(set(c['kinds'])))}]"
             note_n = "" if all(k == "measured" for k in n["kinds"]) else f" [{'; '.join(sorted(set(n['kinds'])))}]"
-            md.append(f"| {target} ({values}) | {_cell(c['staged_s'], 's')} | {_cell(c['other_s'], 's')} | "
-                      f"{_ratio_cell(c)}{note} | {_cell(n['other_s'], 's')} | {_ratio_cell(n)}{note_n} |")
+            md.append(
+                f"| {target} ({values}) | {_cell(c['staged_s'], 's')} | {_cell(c['other_s'], 's')} | "
+                f"{_ratio_cell(c)}{note} | {_cell(n['other_s'], 's')} | {_ratio_cell(n)}{note_n} |"
+            )
         if "vs_restart" in s:
-            md += ["", "Before/after: the restart-per-stage recipe (`restart`: every stage a new yolov5 run, the recipe "
-                   "before stages continued one training) on the same machine, in the same repeats.", "",
-                   "| target | restart time | **ratio restart / fair control** | **ratio staged / restart** |",
-                   "|---|---:|---:|---:|"]  # fmt: skip
+            md += [
+                "",
+                "Before/after: the restart-per-stage recipe (`restart`: every stage a new yolov5 run, the recipe "
+                "before stages continued one training) on the same machine, in the same repeats.",
+                "",
+                "| target | restart time | **ratio restart / fair control** | **ratio staged / restart** |",
+                "|---|---:|---:|---:|",
+            ]
             for target in s["vs_control"]:
                 r, v = s["restart_vs_control"][target], s["vs_restart"][target]
                 md.append(f"| {target} | {_cell(r['staged_s'], 's')} | {_ratio_cell(r)} | {_ratio_cell(v)} |")
-        md += ["", "| whole wall clock | median (min–max) |", "|---|---:|",
-               *[f"| {k} | {_cell(v, 's')} |" for k, v in s["whole_wall_s"].items()],
-               "| staged / all control budgets together | "
-               f"{_cell(s['whole_wall_ratio_staged_over_controls_together'])} |",
-               "", "| repeat | run | wall s | load before → after (1, 5, 15 min) | best mAP50 at eval img | "
-               "mAP50 per validated row (s from start) |", "|---:|---|---:|---|---:|---|"]  # fmt: skip
+        md += [
+            "",
+            "| whole wall clock | median (min–max) |",
+            "|---|---:|",
+            *[f"| {k} | {_cell(v, 's')} |" for k, v in s["whole_wall_s"].items()],
+            f"| staged / all control budgets together | {_cell(s['whole_wall_ratio_staged_over_controls_together'])} |",
+            "",
+            "| repeat | run | wall s | load before → after (1, 5, 15 min) | best mAP50 at eval img | "
+            "mAP50 per validated row (s from start) |",
+            "|---:|---|---:|---|---:|---|",
+        ]
         for index, runs in enumerate(ds["runs"]):
             for r in runs:
                 label = r["side"] + (f" {r['budget']} ep" if r.get("budget") else "")
-                rows = ", ".join(f"{x['map50']:.3f}@{x['s']:.0f}" + ("" if x["img"] == ds["eval_img"] else
-                                 f"({x['img']}px)") for x in r["rows"] if x["map50"] is not None)  # fmt: skip
-                md.append(f"| {index + 1} | {label} | {r['wall_s']:.0f} | {r['load_before']} → {r['load_after']} | "
-                          f"{best_map(r['rows'], ds['eval_img'])} | {rows} |")
+                rows = ", ".join(
+                    f"{x['map50']:.3f}@{x['s']:.0f}" + ("" if x["img"] == ds["eval_img"] else f"({x['img']}px)")
+                    for x in r["rows"]
+                    if x["map50"] is not None
+                )
+                md.append(
+                    f"| {index + 1} | {label} | {r['wall_s']:.0f} | {r['load_before']} → {r['load_after']} | "
+                    f"{best_map(r['rows'], ds['eval_img'])} | {rows} |"
+                )
         md.append("")
     return md
 

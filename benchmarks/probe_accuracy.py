@@ -34,8 +34,9 @@ def one_repeat(workdir, index: int, budgets: list[float]) -> dict:
     run = workdir / "results" / "demo"
     rerun = ("--forcerun", "probe") if index else ()  # the first repeat runs everything anyway
     with LoadSampler() as load:  # the workdir's config.yaml holds budgets[0]
-        run_snakemake(workdir, *rerun, log=workdir / f"repeat{index}.log",
-                      targets=("results/demo/stages/highres/timing.json",))  # fmt: skip
+        run_snakemake(
+            workdir, *rerun, log=workdir / f"repeat{index}.log", targets=("results/demo/stages/highres/timing.json",)
+        )
     pipeline = read_json(run / "probe" / "tuning.json")
     measured = {stage: read_json(run / "stages" / stage / "timing.json")["prediction"] for stage in STAGES}
     arms = {arm_name(budgets[0]): arm(pipeline, measured, load.summary())}
@@ -43,9 +44,16 @@ def one_repeat(workdir, index: int, budgets: list[float]) -> dict:
         overlay = workdir / f"budget{budget:g}.yaml"
         overlay.write_text(yaml.safe_dump({"probe": {"budget_s": budget}}))
         with LoadSampler() as probe_load:
-            run_snakemake(workdir, "--forcerun", "probe", "--configfile", str(workdir / "config" / "config.yaml"),
-                          str(overlay), log=workdir / f"repeat{index}_budget{budget:g}.log",
-                          targets=("results/demo/probe/tuning.json",))  # fmt: skip
+            run_snakemake(
+                workdir,
+                "--forcerun",
+                "probe",
+                "--configfile",
+                str(workdir / "config" / "config.yaml"),
+                str(overlay),
+                log=workdir / f"repeat{index}_budget{budget:g}.log",
+                targets=("results/demo/probe/tuning.json",),
+            )
         alone = read_json(run / "probe" / "tuning.json")
         same_choice = alone["choice"] == pipeline["choice"]
         arms[arm_name(budget)] = arm(alone, measured, probe_load.summary(), comparable=same_choice)
@@ -64,12 +72,23 @@ def arm(tuning: dict, measured: dict, load: dict, comparable: bool = True) -> di
         predicted = tuning["stages"][stage]["predicted_images_per_s"]
         steady = measured[stage]["measured_steady_images_per_s"] if measured[stage]["ratio"] is not None else None
         ratio = round(steady / predicted, 3) if comparable and steady and predicted else None
-        stages[stage] = {"predicted_images_per_s": predicted, "predicted_from_steps": tuning["stages"][stage]["steps"],
-                         "measured_steady_images_per_s": steady, "ratio": ratio}  # fmt: skip
-    return {"budget_s": tuning["budget_s"]["budget_s"], "probe_rule_s": tuning["budget_s"]["rule_s"],
-            "probe_import_s": tuning["budget_s"]["import_s"], "choice": tuning["choice"], "comparable": comparable,
-            "runs_cut_by_budget": sum(bool(r.get("cut_by_budget")) for r in runs), "runs": len(runs),
-            "stages": stages, "load": load}  # fmt: skip
+        stages[stage] = {
+            "predicted_images_per_s": predicted,
+            "predicted_from_steps": tuning["stages"][stage]["steps"],
+            "measured_steady_images_per_s": steady,
+            "ratio": ratio,
+        }
+    return {
+        "budget_s": tuning["budget_s"]["budget_s"],
+        "probe_rule_s": tuning["budget_s"]["rule_s"],
+        "probe_import_s": tuning["budget_s"]["import_s"],
+        "choice": tuning["choice"],
+        "comparable": comparable,
+        "runs_cut_by_budget": sum(bool(r.get("cut_by_budget")) for r in runs),
+        "runs": len(runs),
+        "stages": stages,
+        "load": load,
+    }
 
 
 def summarise(repeats: list[dict], budgets: list[float]) -> dict:
@@ -90,8 +109,11 @@ def summarise_arm(arms: list[dict]) -> dict:
     return {
         "budget_s": sorted({a["budget_s"] for a in arms}),
         "stages": per_stage,
-        "probe_rule_s": {"values": probe_s, "median": round(statistics.median(probe_s), 2),
-                         "all_within": all(s <= TARGETS["probe_s_max"] for s in probe_s)},  # fmt: skip
+        "probe_rule_s": {
+            "values": probe_s,
+            "median": round(statistics.median(probe_s), 2),
+            "all_within": all(s <= TARGETS["probe_s_max"] for s in probe_s),
+        },
         "import_s": [a["probe_import_s"] for a in arms],
         "runs_cut_by_budget": [f"{a['runs_cut_by_budget']}/{a['runs']}" for a in arms],
         "comparable_repeats": sum(a["comparable"] for a in arms),
@@ -99,24 +121,36 @@ def summarise_arm(arms: list[dict]) -> dict:
 
 
 def markdown(result: dict) -> list[str]:
-    lines = ["# Probe accuracy on the CPU demo", "",
-             f"{len(result['repeats'])} repeats, each: the pipeline with the probe at the first budget below, then the "
-             f"probe alone at the others, all compared with the same stages' measurements. Targets fixed in "
-             f"advance: each stage within ±{TARGETS['ratio_within']:.0%} of its prediction, probe ≤ "
-             f"{TARGETS['probe_s_max']:.0f} s."]  # fmt: skip
-    for name, summary in result["summary"].items():
+    lines = [
+        "# Probe accuracy on the CPU demo",
+        "",
+        f"{len(result['repeats'])} repeats, each: the pipeline with the probe at the first budget below, then the "
+        f"probe alone at the others, all compared with the same stages' measurements. Targets fixed in "
+        f"advance: each stage within ±{TARGETS['ratio_within']:.0%} of its prediction, probe ≤ "
+        f"{TARGETS['probe_s_max']:.0f} s.",
+    ]
+    for summary in result["summary"].values():
         p = summary["probe_rule_s"]
-        lines += ["", f"## probe.budget_s = {', '.join(f'{b:g}' for b in summary['budget_s'])} s", "",
-                  "| stage | ratios (measured / predicted) | median | within ±25 % |",
-                  "|---|---|---:|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"## probe.budget_s = {', '.join(f'{b:g}' for b in summary['budget_s'])} s",
+            "",
+            "| stage | ratios (measured / predicted) | median | within ±25 % |",
+            "|---|---|---:|---|",
+        ]
         for stage, st in summary["stages"].items():
-            lines.append(f"| {stage} | {', '.join(f'{x:.2f}' for x in st['ratios']) or 'no steady epoch'} | "
-                         f"{st['median'] if st['median'] is not None else '—'} | {st['all_within']} |")  # fmt: skip
-        lines += ["", f"Probe rule: {', '.join(f'{x:.1f}' for x in p['values'])} s (median {p['median']} s); "
-                      f"≤ {TARGETS['probe_s_max']:.0f} s: {p['all_within']}. Imports: "
-                      f"{', '.join(f'{x:.1f}' for x in summary['import_s'])} s. Runs cut by the budget: "
-                      f"{', '.join(summary['runs_cut_by_budget'])}. Same choice as the pipeline's probe (comparable): "
-                      f"{summary['comparable_repeats']} of {len(result['repeats'])}."]  # fmt: skip
+            lines.append(
+                f"| {stage} | {', '.join(f'{x:.2f}' for x in st['ratios']) or 'no steady epoch'} | "
+                f"{st['median'] if st['median'] is not None else '—'} | {st['all_within']} |"
+            )
+        lines += [
+            "",
+            f"Probe rule: {', '.join(f'{x:.1f}' for x in p['values'])} s (median {p['median']} s); "
+            f"≤ {TARGETS['probe_s_max']:.0f} s: {p['all_within']}. Imports: "
+            f"{', '.join(f'{x:.1f}' for x in summary['import_s'])} s. Runs cut by the budget: "
+            f"{', '.join(summary['runs_cut_by_budget'])}. Same choice as the pipeline's probe (comparable): "
+            f"{summary['comparable_repeats']} of {len(result['repeats'])}.",
+        ]
     return lines
 
 
@@ -130,8 +164,13 @@ def main() -> None:
     config["probe"]["budget_s"] = args.budgets[0]
     workdir = make_snakemake_workdir(WORK / "probe_accuracy", yaml.safe_dump(config, sort_keys=False))
     repeats = [one_repeat(workdir, index, args.budgets) for index in range(args.repeats)]
-    result = {"machine": machine_info(), "targets": TARGETS, "budgets": args.budgets, "repeats": repeats,
-              "summary": summarise(repeats, args.budgets)}  # fmt: skip
+    result = {
+        "machine": machine_info(),
+        "targets": TARGETS,
+        "budgets": args.budgets,
+        "repeats": repeats,
+        "summary": summarise(repeats, args.budgets),
+    }
     save("probe_accuracy", result, markdown(result))
 
 

@@ -56,28 +56,45 @@ def main() -> None:
         cache_decision.write_text(json.dumps({"mode": "ram"}))  # the demo fits in RAM, as cache_dataset decides
         batches = probe_batches(config)  # the batch sizes the config's stages can take, as the probe rule times them
         started = time.time()
-        tuning = probe_for_rule(data, cache_decision=str(cache_decision), weights=[],
-                                tuning_out=str(tmp / "run" / "probe" / "tuning.json"), settings=config["probe"],
-                                stage_defaults=config["stage_defaults"], cfg=config["model"]["cfg"],
-                                device=args.device, img=args.img, threads=threads,
-                                log_path=str(tmp / "probe.log"), batches=batches)  # fmt: skip
+        tuning = probe_for_rule(
+            data,
+            cache_decision=str(cache_decision),
+            weights=[],
+            tuning_out=str(tmp / "run" / "probe" / "tuning.json"),
+            settings=config["probe"],
+            stage_defaults=config["stage_defaults"],
+            cfg=config["model"]["cfg"],
+            device=args.device,
+            img=args.img,
+            threads=threads,
+            log_path=str(tmp / "probe.log"),
+            batches=batches,
+        )
         probe_s = time.time() - started
         print(f"probe: choice {tuning['choice']} in {probe_s:.1f} s", flush=True)
 
         # workers/batch/amp stay as the config sets them: the probe's choice applies only where they are auto
-        spec = {**stage_spec({**config, "stages": {"bench": {}}}, "bench"), "epochs": args.epochs, "img": args.img,
-                "device": args.device,
-                "val_period": args.epochs, "plots": False,
-                # config.yaml leaves optimizer to the schema's default, which only Snakemake's validation fills in
-                "optimizer": config["stage_defaults"].get("optimizer") or "SGD"}  # fmt: skip
+        spec = {
+            **stage_spec({**config, "stages": {"bench": {}}}, "bench"),
+            "epochs": args.epochs,
+            "img": args.img,
+            "device": args.device,
+            "val_period": args.epochs,
+            "plots": False,
+            # config.yaml leaves optimizer to the schema's default, which only Snakemake's validation fills in
+            "optimizer": config["stage_defaults"].get("optimizer") or "SGD",
+        }
         arms = {"probe": tuning["choice"] or None, "defaults": None}
         runs = []
         for round_index in range(args.rounds):
             order = ["probe", "defaults"] if round_index % 2 == 0 else ["defaults", "probe"]
             for arm in order:
                 runs.append(run_arm(arm, arms[arm], spec, data, threads, tmp / f"{arm}{round_index}", config))
-                print(f"round {round_index} {arm}: {runs[-1]['steady_images_per_s']} images/s "
-                      f"(workers {runs[-1]['workers']}, batch {runs[-1]['batch']})", flush=True)  # fmt: skip
+                print(
+                    f"round {round_index} {arm}: {runs[-1]['steady_images_per_s']} images/s "
+                    f"(workers {runs[-1]['workers']}, batch {runs[-1]['batch']})",
+                    flush=True,
+                )
 
     result = summarise(runs, tuning, probe_s, args, threads, config)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -87,11 +104,26 @@ def main() -> None:
 
 
 def run_arm(arm: str, choice: dict | None, spec: dict, data: str, threads: int, folder: Path, config: dict) -> dict:
-    plan = build_plan(spec, stage=arm, data=data, weights=None, cfg=config["model"]["cfg"], cache_mode="ram",
-                      threads=threads, work_dir=folder / "work", probe_choice=choice)  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage=arm,
+        data=data,
+        weights=None,
+        cfg=config["model"]["cfg"],
+        cache_mode="ram",
+        threads=threads,
+        work_dir=folder / "work",
+        probe_choice=choice,
+    )
     load_before = os.getloadavg()[0]
-    run_stage(plan, stage_dir=folder / "stage", attempt=1, log_path=folder / "stage.log",
-              engine_home=folder.parent / "engine", telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
+    run_stage(
+        plan,
+        stage_dir=folder / "stage",
+        attempt=1,
+        log_path=folder / "stage.log",
+        engine_home=folder.parent / "engine",
+        telemetry_interval=config["telemetry"]["interval_s"],
+    )
     timing = json.loads((folder / "stage" / "timing.json").read_text())
     return {
         "arm": arm,
@@ -114,12 +146,23 @@ def summarise(runs: list[dict], tuning: dict, probe_s: float, args, threads: int
     probe, defaults = rates("probe"), rates("defaults")
     pairs = [p / d for p, d in zip(probe, defaults) if d]  # runs of one round sit next to each other in time
     return {
-        "workload": {"demo_train_images": 256, "epochs": args.epochs, "img": args.img, "model": "yolov5n.yaml",
-                     "device": args.device, "threads": threads, "rounds": args.rounds,
-                     "config_batch": config["stage_defaults"]["batch"],
-                     "config_workers": config["stage_defaults"]["workers"]},  # fmt: skip
-        "probe": {"choice": tuning["choice"], "seconds": round(probe_s, 1), "budget_s": tuning["budget_s"],
-                  "candidates": tuning["candidates"]},  # fmt: skip
+        "workload": {
+            "demo_train_images": 256,
+            "epochs": args.epochs,
+            "img": args.img,
+            "model": "yolov5n.yaml",
+            "device": args.device,
+            "threads": threads,
+            "rounds": args.rounds,
+            "config_batch": config["stage_defaults"]["batch"],
+            "config_workers": config["stage_defaults"]["workers"],
+        },
+        "probe": {
+            "choice": tuning["choice"],
+            "seconds": round(probe_s, 1),
+            "budget_s": tuning["budget_s"],
+            "candidates": tuning["candidates"],
+        },
         "runs": runs,
         "median_images_per_s": {"probe": _median(probe), "defaults": _median(defaults)},
         "ratio_of_medians": round(_median(probe) / _median(defaults), 4) if probe and defaults else None,
@@ -146,8 +189,10 @@ def markdown(result: dict) -> str:
     ]
     for arm in ("probe", "defaults"):
         run = settings[arm]
-        lines.append(f"| {arm} | {run['workers']} | {run['torch_threads']} | {run['batch']} | "
-                     f"{result['median_images_per_s'][arm]} |")  # fmt: skip
+        lines.append(
+            f"| {arm} | {run['workers']} | {run['torch_threads']} | {run['batch']} | "
+            f"{result['median_images_per_s'][arm]} |"
+        )
     lines += [
         "",
         f"Ratio probe/defaults (medians): **{result['ratio_of_medians']}**; per round: {result['paired_ratios']}.",
@@ -156,10 +201,16 @@ def markdown(result: dict) -> str:
         "|---:|---|---:|---|---:|---:|---:|",
     ]
     for index, run in enumerate(result["runs"]):
-        lines.append(f"| {index} | {run['arm']} | {run['steady_images_per_s']} | {run['epoch_images_per_s']} | "
-                     f"{run['data_wait_share']} | {run['wall_s']:.1f} | {run['load_average_before']:.2f} |")  # fmt: skip
-    lines += ["", f"1-min load average at the end: {result['load_average_end']:.2f} (other processes share "
-              "the cores: compare runs of the same round).", ""]  # fmt: skip
+        lines.append(
+            f"| {index} | {run['arm']} | {run['steady_images_per_s']} | {run['epoch_images_per_s']} | "
+            f"{run['data_wait_share']} | {run['wall_s']:.1f} | {run['load_average_before']:.2f} |"
+        )
+    lines += [
+        "",
+        f"1-min load average at the end: {result['load_average_end']:.2f} (other processes share "
+        "the cores: compare runs of the same round).",
+        "",
+    ]
     return "\n".join(lines)
 
 

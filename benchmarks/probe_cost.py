@@ -20,8 +20,17 @@ import argparse
 import statistics
 
 import yaml
-from common import (ROOT, WORK, LoadSampler, baseline_tree, commit_of, machine_info, make_snakemake_workdir,
-                    run_snakemake, save)
+from common import (
+    ROOT,
+    WORK,
+    LoadSampler,
+    baseline_tree,
+    commit_of,
+    machine_info,
+    make_snakemake_workdir,
+    run_snakemake,
+    save,
+)
 
 from stagedyolo.jsonio import read_json
 
@@ -30,8 +39,15 @@ TUNING = "results/demo/probe/tuning.json"
 
 def one_probe(workdir, arm: str, index: int, snakefile, env: dict | None) -> dict:
     with LoadSampler(interval_s=2.0) as load:
-        call = run_snakemake(workdir, "--forcerun", "probe", log=workdir / f"{arm}{index}.log", targets=(TUNING,),
-                             env=env, snakefile=snakefile)  # fmt: skip
+        call = run_snakemake(
+            workdir,
+            "--forcerun",
+            "probe",
+            log=workdir / f"{arm}{index}.log",
+            targets=(TUNING,),
+            env=env,
+            snakefile=snakefile,
+        )
     tuning = read_json(workdir / TUNING)
     runs = [run for kind in ("loader", "model", "stages") for run in tuning["measurements"][kind]]
     return {
@@ -89,8 +105,10 @@ def markdown(result: dict) -> list[str]:
         calls = ", ".join(f"{p['snakemake_s']:.1f}" for p in probes)
         cut = ", ".join(f"{p['runs_cut']}/{p['runs']}" for p in probes)
         skipped = ", ".join(str(p.get("runs_skipped", 0)) for p in probes)
-        lines.append(f"| {arm} | {rule_s} | {s['median_rule_s'][arm]:.2f} | {calls} | "
-                     f"{s['median_snakemake_s'][arm]:.2f} | {import_s} | {cut} | {skipped} |")
+        lines.append(
+            f"| {arm} | {rule_s} | {s['median_rule_s'][arm]:.2f} | {calls} | "
+            f"{s['median_snakemake_s'][arm]:.2f} | {import_s} | {cut} | {skipped} |"
+        )
     lines += [
         "",
         f"Median snakemake ratio tree / baseline: {s['median_ratio_tree_over_baseline']}. Every tree probe ≤ "
@@ -117,8 +135,15 @@ def main() -> None:
     for index in range(args.repeats):
         probes.append(one_probe(workdir, "baseline", index, old_tree / "Snakefile", old_env))
         probes.append(one_probe(workdir, "tree", index, ROOT / "Snakefile", None))
-    result = {"machine": machine_info(), "baseline": baseline, "tree": tree, "budget_s": args.budget,
-              "repeats": args.repeats, "probes": probes, "summary": summarise(probes, args.budget)}  # fmt: skip
+    result = {
+        "machine": machine_info(),
+        "baseline": baseline,
+        "tree": tree,
+        "budget_s": args.budget,
+        "repeats": args.repeats,
+        "probes": probes,
+        "summary": summarise(probes, args.budget),
+    }
     save("probe_cost", result, markdown(result))
 
 

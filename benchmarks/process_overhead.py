@@ -60,20 +60,29 @@ CHILD_FILE = WORK / "process_overhead_child.py"
 
 def one_process(arm: str, index: int, env: dict) -> dict:
     with LoadSampler(interval_s=1.0) as load:
-        child = subprocess.run([sys.executable, "-W", "ignore", str(CHILD_FILE), arm], env=env, capture_output=True,
-                               text=True, check=True)  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-W", "ignore", str(CHILD_FILE), arm], env=env, capture_output=True, text=True, check=True
+        )
         exited = time.time()
     report = json.loads(child.stdout.strip().splitlines()[-1])
-    return {"arm": arm, "repeat": index, "import_s": round(report["import_s"], 3),
-            "print_args_s": round(report["print_args_s"], 3), "teardown_s": round(exited - report["done_unix"], 3),
-            "load": load.summary()}  # fmt: skip
+    return {
+        "arm": arm,
+        "repeat": index,
+        "import_s": round(report["import_s"], 3),
+        "print_args_s": round(report["print_args_s"], 3),
+        "teardown_s": round(exited - report["done_unix"], 3),
+        "load": load.summary(),
+    }
 
 
 def summarise(processes: list[dict]) -> dict:
-    figures = {key: {arm: [p[key] for p in processes if p["arm"] == arm] for arm in ARMS}
-               for key in ("import_s", "print_args_s", "teardown_s")}  # fmt: skip
-    median = {key: {arm: statistics.median(values) for arm, values in by_arm.items()}
-              for key, by_arm in figures.items()}  # fmt: skip
+    figures = {
+        key: {arm: [p[key] for p in processes if p["arm"] == arm] for arm in ARMS}
+        for key in ("import_s", "print_args_s", "teardown_s")
+    }
+    median = {
+        key: {arm: statistics.median(values) for arm, values in by_arm.items()} for key, by_arm in figures.items()
+    }
     return {
         **figures,
         "median": median,
@@ -122,8 +131,12 @@ def main() -> None:
     (CHILD_FILE.parent / "process_overhead_caller.py").write_text(CALLER)
     env = engine_environment(WORK / "process_overhead_engine")
     processes = [one_process(arm, index, env) for index in range(args.repeats) for arm in ARMS]
-    result = {"machine": machine_info(), "repeats": args.repeats, "processes": processes,
-              "summary": summarise(processes)}  # fmt: skip
+    result = {
+        "machine": machine_info(),
+        "repeats": args.repeats,
+        "processes": processes,
+        "summary": summarise(processes),
+    }
     save("process_overhead", result, markdown(result))
 
 

@@ -2,7 +2,8 @@
 
 Workload: real yolov5n (yolov5.models.yolo.Model + ComputeLoss) forward/backward/SGD step at 128 px, batch 16,
 one torch thread, driven through a real ``yolov5.utils.callbacks.Callbacks`` in train.py's hook order, with the
-progress-bar-style loss formatting. Rounds of three blocks (off, on, off again as an A/A control) in rotating order, so drift affects all
+progress-bar-style loss formatting. Rounds of three blocks (off, on, off again as an A/A control) in rotating order,
+so drift affects all
 equally and the A/A ratio shows the method's noise floor on this machine.
 
 Also measured directly (less noisy than end-to-end): the timer's per-batch hook cost and the sampler's CPU time
@@ -42,15 +43,21 @@ def make_callbacks():
 
         return Callbacks, "yolov5.utils.callbacks.Callbacks"
     except Exception as exc:  # pragma: no cover
-        raise SystemExit(f"yolov5 not importable: {exc}")
+        raise SystemExit(f"yolov5 not importable: {exc}") from exc
 
 
 def make_workload(toy: bool, img: int, batch: int):
     torch.manual_seed(0)
     if toy:
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.SiLU(), torch.nn.Conv2d(32, 64, 3, 2, 1),
-                                    torch.nn.SiLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                    torch.nn.Linear(64, 3))
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, 2, 1),
+            torch.nn.SiLU(),
+            torch.nn.Conv2d(32, 64, 3, 2, 1),
+            torch.nn.SiLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64, 3),
+        )
 
         def loss_fn(pred, targets):
             li = pred.pow(2).mean(0)
@@ -59,9 +66,9 @@ def make_workload(toy: bool, img: int, batch: int):
         name = "toy conv net"
     else:
         import yaml
+        import yolov5
         from yolov5.models.yolo import Model
         from yolov5.utils.loss import ComputeLoss
-        import yolov5
 
         hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
         model = Model(str(Path(yolov5.__file__).parent / "models/yolov5n.yaml"), ch=3, nc=2)
@@ -110,6 +117,7 @@ def run_block(cb, steps, model, loss_fn, imgs, targets, opt, epoch):
 
 def hook_cost(Callbacks, n=200_000):
     """Seconds per batch added by the timer's hooks (3 callbacks.run dispatches), measured against no hooks."""
+
     class Imgs:
         shape = (16, 3, 128, 128)
 
@@ -188,18 +196,32 @@ def main(argv=None):
     step = off_med
     derived = (per_hook + cpu_per_sample * step / a.interval) / step  # worst case: sampler steals the training core
     res = {
-        "workload": wl, "callbacks": cb_name, "torch_threads": a.threads, "cpu_count": os.cpu_count(),
-        "machine": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-        "pairs": a.pairs, "steps_per_block": a.steps, "sampler_interval_s": a.interval,
-        "step_s_off": off_steps, "step_s_on": on_steps,
-        "step_s_off_median": off_med, "step_s_on_median": on_med,
+        "workload": wl,
+        "callbacks": cb_name,
+        "torch_threads": a.threads,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pairs": a.pairs,
+        "steps_per_block": a.steps,
+        "sampler_interval_s": a.interval,
+        "step_s_off": off_steps,
+        "step_s_on": on_steps,
+        "step_s_off_median": off_med,
+        "step_s_on_median": on_med,
         "end_to_end_ratio_on_off": on_med / off_med,
         "end_to_end_overhead_pct": 100 * (on_med / off_med - 1),
-        "paired_wall_ratio_on_off": pw_on, "paired_wall_ratio_aa_control": pw_aa,
-        "paired_cpu_ratio_on_off": pc_on, "paired_cpu_ratio_aa_control": pc_aa,
-        "step_s_aa": aa_steps, "cpu_s_per_step_aa": aa_cpu,
-        "cpu_s_per_step_off": off_cpu, "cpu_s_per_step_on": on_cpu,
-        "cpu_s_per_step_off_median": off_cpu_med, "cpu_s_per_step_on_median": on_cpu_med,
+        "paired_wall_ratio_on_off": pw_on,
+        "paired_wall_ratio_aa_control": pw_aa,
+        "paired_cpu_ratio_on_off": pc_on,
+        "paired_cpu_ratio_aa_control": pc_aa,
+        "step_s_aa": aa_steps,
+        "cpu_s_per_step_aa": aa_cpu,
+        "cpu_s_per_step_off": off_cpu,
+        "cpu_s_per_step_on": on_cpu,
+        "cpu_s_per_step_off_median": off_cpu_med,
+        "cpu_s_per_step_on_median": on_cpu_med,
         "cpu_time_ratio_on_off": on_cpu_med / off_cpu_med,
         "cpu_time_overhead_pct": 100 * (on_cpu_med / off_cpu_med - 1),
         "noise_cpu_off_pct": 100 * (statistics.pstdev(off_cpu) / off_cpu_med) if len(off_cpu) > 1 else None,
@@ -209,17 +231,20 @@ def main(argv=None):
         "sampler_cpu_s_per_sample": cpu_per_sample,
         "derived_overhead_pct_of_step": 100 * derived,
         "derived_note": "timer hook cost per batch + sampler CPU per sample scaled to one step, as if the sampler ran "
-                        "on the training core (worst case); on a machine with a free core it costs the step ~nothing",
+        "on the training core (worst case); on a machine with a free core it costs the step ~nothing",
         "target_pct": 1.0,
     }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "telemetry_overhead.json").write_text(json.dumps(res, indent=2))
     md = [
-        "# Telemetry overhead (StageTimer + Sampler)", "",
+        "# Telemetry overhead (StageTimer + Sampler)",
+        "",
         f"Workload: {wl}, {a.threads} torch thread(s), {os.cpu_count()} CPUs, sampler every {a.interval:g} s, "
         f"{a.pairs} rounds of off/on/off blocks of {a.steps} steps (rotating order; the second off block is an A/A "
-        "control).", "",
-        "| measure | value |", "|---|---:|",
+        "control).",
+        "",
+        "| measure | value |",
+        "|---|---:|",
         f"| median step, telemetry off | {1000 * off_med:.1f} ms |",
         f"| median step, telemetry on | {1000 * on_med:.1f} ms |",
         f"| end-to-end ratio on/off | {on_med / off_med:.4f} ({res['end_to_end_overhead_pct']:+.2f} %) |",
@@ -234,11 +259,14 @@ def main(argv=None):
         f"| 1-min load average at the end | {res['load_avg_1m']} |",
         f"| timer hooks per batch | {1e6 * per_hook:.2f} µs |",
         f"| sampler CPU per sample | {1000 * cpu_per_sample:.2f} ms |",
-        f"| derived overhead (worst case) | {100 * derived:.3f} % of step time (target ≤ 1 %) |", "",
-        "End-to-end ratios are only as good as their noise: compare them with the A/A control (off vs off). On a shared "
+        f"| derived overhead (worst case) | {100 * derived:.3f} % of step time (target ≤ 1 %) |",
+        "",
+        "End-to-end ratios are only as good as their noise: compare them with the A/A control (off vs off). "
+        "On a shared "
         "machine (other processes on the cores) both wall and process CPU time per step vary by several %, far above "
         "a 1 % effect; the derived figure (direct measurements of the hook cost and the sampler's CPU) is the precise "
-        "one.", "",
+        "one.",
+        "",
     ]
     (a.out / "telemetry_overhead.md").write_text("\n".join(md))
     print("\n".join(md))

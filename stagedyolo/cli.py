@@ -19,8 +19,9 @@ def _load_timing(stage_dir: Path) -> dict:
         from stagedyolo.telemetry import build_timing
 
         tel = stage_dir / "telemetry.csv"
-        return build_timing(json.loads(raw.read_text()), tel if tel.exists() else None, wall_s=None,
-                            meta={"stage": stage_dir.name})
+        return build_timing(
+            json.loads(raw.read_text()), tel if tel.exists() else None, wall_s=None, meta={"stage": stage_dir.name}
+        )
     raise FileNotFoundError(f"{stage_dir}: neither timing.json nor timing_raw.json")
 
 
@@ -47,9 +48,12 @@ def cmd_diagnose(args) -> int:
 
 
 def _add_diagnose(sub) -> None:
-    p = sub.add_parser("diagnose", help="name a stage's bottleneck and the config change to make",
-                       description="Read <stage dir>/timing.json (or timing_raw.json + telemetry.csv) and print the "
-                                   "diagnosis: the bottleneck class, its evidence and the exact config change.")
+    p = sub.add_parser(
+        "diagnose",
+        help="name a stage's bottleneck and the config change to make",
+        description="Read <stage dir>/timing.json (or timing_raw.json + telemetry.csv) and print the "
+        "diagnosis: the bottleneck class, its evidence and the exact config change.",
+    )
     p.add_argument("stage_dir", help="a stage's output directory")
     p.add_argument("--stage", help="stage name used in config keys (default: from timing.json)")
     p.add_argument("--json", action="store_true", help="print diagnosis.json content instead of Markdown")
@@ -92,8 +96,11 @@ def cmd_status(args) -> int:
         return 2
     run = run_folder(args.run, results_dir) if args.run else latest_run(results_dir)
     if run is None or not run.is_dir():
-        print(f"stagedyolo status: no run folder at {args.run or f'{results_dir}/<run>'} (give {results_dir}/<run>, "
-              "a run name, or --config with the run's results_dir)", file=sys.stderr)  # fmt: skip
+        print(
+            f"stagedyolo status: no run folder at {args.run or f'{results_dir}/<run>'} (give {results_dir}/<run>, "
+            "a run name, or --config with the run's results_dir)",
+            file=sys.stderr,
+        )
         return 2
     print(run_status(run))
     return 0
@@ -121,13 +128,22 @@ def run_folder(run: str, results_dir: Path) -> Path:
 
 
 def _add_status(sub) -> None:
-    p = sub.add_parser("status", help="which stage of a run is training, its epoch, images/s and ETA",
-                       description="Read a run's folders (work/<stage>/progress.json, stages/<stage>/timing.json) "
-                                   "and print every stage: done, running (epoch, images/s, ETAs), failed or waiting.")
-    p.add_argument("run", nargs="?", help="the run folder, <results_dir>/<run>, or a run name (default: the newest "
-                                          "run under results_dir)")  # fmt: skip
-    p.add_argument("--config", help="the config file whose results_dir holds the runs (default: config/config.yaml "
-                                    "when it exists, else results_dir is results)")  # fmt: skip
+    p = sub.add_parser(
+        "status",
+        help="which stage of a run is training, its epoch, images/s and ETA",
+        description="Read a run's folders (work/<stage>/progress.json, stages/<stage>/timing.json) "
+        "and print every stage: done, running (epoch, images/s, ETAs), failed or waiting.",
+    )
+    p.add_argument(
+        "run",
+        nargs="?",
+        help="the run folder, <results_dir>/<run>, or a run name (default: the newest run under results_dir)",
+    )
+    p.add_argument(
+        "--config",
+        help="the config file whose results_dir holds the runs (default: config/config.yaml "
+        "when it exists, else results_dir is results)",
+    )
     p.set_defaults(func=cmd_status)
 
 

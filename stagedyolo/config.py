@@ -46,15 +46,21 @@ def _check_run_location(config: dict) -> list[str]:
     problems = []
     run = str(config.get("run", ""))
     if run in ("", ".", "..") or Path(run).is_absolute() or len(Path(run).parts) != 1:
-        problems.append(f"run: {run!r} must be a plain folder name (letters, digits, '_', '-', '.'), not a path: "
-                        "each run's outputs land in <results_dir>/<run>/. Use e.g. run: demo.")  # fmt: skip
+        problems.append(
+            f"run: {run!r} must be a plain folder name (letters, digits, '_', '-', '.'), not a path: "
+            "each run's outputs land in <results_dir>/<run>/. Use e.g. run: demo."
+        )
     results_dir = str(config.get("results_dir", "results"))
     if not results_dir.strip():
-        problems.append(f"results_dir: {results_dir!r} is empty: every output path would start at the filesystem "
-                        "root (/<run>/...). Use e.g. results_dir: results, or an absolute path.")  # fmt: skip
+        problems.append(
+            f"results_dir: {results_dir!r} is empty: every output path would start at the filesystem "
+            "root (/<run>/...). Use e.g. results_dir: results, or an absolute path."
+        )
     elif ".." in Path(results_dir).parts:
-        problems.append(f"results_dir: {results_dir!r} contains '..'. Use a folder below the working directory "
-                        "(e.g. results) or an absolute path.")  # fmt: skip
+        problems.append(
+            f"results_dir: {results_dir!r} contains '..'. Use a folder below the working directory "
+            "(e.g. results) or an absolute path."
+        )
     return problems
 
 
@@ -73,8 +79,9 @@ def _coerce(value, node: dict, root: dict):
     if isinstance(value, dict):
         properties = node.get("properties", {})
         extra = node.get("additionalProperties")
-        return {k: _coerce(v, properties.get(k, extra if isinstance(extra, dict) else {}), root)
-                for k, v in value.items()}  # fmt: skip
+        return {
+            k: _coerce(v, properties.get(k, extra if isinstance(extra, dict) else {}), root) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_coerce(v, node.get("items", {}), root) for v in value]
     if isinstance(value, str) and node and not _allows_string(node, root):
@@ -128,8 +135,10 @@ def _check_dataset(config: dict, workdir: Path) -> list[str]:
         return []
     path = workdir / dataset
     if not path.is_file():
-        return [f"dataset: {dataset!r} does not exist (looked at {path.resolve()}). "
-                "Set dataset to the path of your YOLOv5 data.yaml, or to demo."]  # fmt: skip
+        return [
+            f"dataset: {dataset!r} does not exist (looked at {path.resolve()}). "
+            "Set dataset to the path of your YOLOv5 data.yaml, or to demo."
+        ]
     return []
 
 
@@ -137,18 +146,24 @@ def _check_model(config: dict, workdir: Path) -> list[str]:
     model, problems = config["model"], []
     weights = model["weights"]
     if weights == "demo" and config["dataset"] != "demo":
-        problems.append("model.weights: demo makes weights for the demo dataset only. "
-                        "Set model.weights to your pretrained .pt (e.g. yolov5s.pt), or null to train from model.cfg.")  # fmt: skip
+        problems.append(
+            "model.weights: demo makes weights for the demo dataset only. "
+            "Set model.weights to your pretrained .pt (e.g. yolov5s.pt), or null to train from model.cfg."
+        )
     elif weights not in (None, "demo"):
         if not str(weights).endswith(".pt"):
             problems.append(f"model.weights: {weights!r} is not a .pt checkpoint.")
         elif not (workdir / weights).is_file():
-            problems.append(f"model.weights: {weights!r} does not exist. Nothing is downloaded: put the .pt file "
-                            "there (e.g. an official yolov5s.pt), or set model.weights: null to train from model.cfg.")  # fmt: skip
+            problems.append(
+                f"model.weights: {weights!r} does not exist. Nothing is downloaded: put the .pt file "
+                "there (e.g. an official yolov5s.pt), or set model.weights: null to train from model.cfg."
+            )
     cfg = model["cfg"]
     if not ((workdir / cfg).is_file() or (yolov5_dir() / "models" / cfg).is_file()):
-        problems.append(f"model.cfg: {cfg!r} is neither a file nor a model yaml shipped with yolov5 "
-                        "(yolov5n.yaml, yolov5s.yaml, yolov5m.yaml, ...).")  # fmt: skip
+        problems.append(
+            f"model.cfg: {cfg!r} is neither a file nor a model yaml shipped with yolov5 "
+            "(yolov5n.yaml, yolov5s.yaml, yolov5m.yaml, ...)."
+        )
     return problems
 
 
@@ -156,8 +171,10 @@ def _check_tracking(config: dict) -> list[str]:
     import importlib.util
 
     if (config.get("tracking") or {}).get("backend") == "mlflow" and importlib.util.find_spec("mlflow") is None:
-        return ["tracking.backend: mlflow needs the mlflow package, which is not installed. Fix: pip install "
-                "'stagedyolo[tracking]' (mlflow-skinny), or set tracking.backend to none or tensorboard."]  # fmt: skip
+        return [
+            "tracking.backend: mlflow needs the mlflow package, which is not installed. Fix: pip install "
+            "'stagedyolo[tracking]' (mlflow-skinny), or set tracking.backend to none or tensorboard."
+        ]
     return []
 
 
@@ -166,8 +183,10 @@ def _check_stage(config: dict, stage: str) -> list[str]:
     key = f"stages.{stage}"
     if isinstance(spec["batch"], int) and spec["batch"] % spec["gpus"]:
         lower = spec["batch"] - spec["batch"] % spec["gpus"]
-        problems.append(f"{key}.batch: {spec['batch']} is the total batch over {spec['gpus']} GPUs and must be a "
-                        f"multiple of {spec['gpus']}: use {lower or spec['gpus']} or {lower + spec['gpus']}.")  # fmt: skip
+        problems.append(
+            f"{key}.batch: {spec['batch']} is the total batch over {spec['gpus']} GPUs and must be a "
+            f"multiple of {spec['gpus']}: use {lower or spec['gpus']} or {lower + spec['gpus']}."
+        )
     try:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
@@ -180,8 +199,10 @@ def _check_handover(stage: str, spec: dict) -> list[str]:
     """handover_on_stall ends a stage at an epoch yolov5 only saves when nosave is off (the decision comes after the
     epoch's validation, too late for yolov5 to treat it as final): the next stage would have nothing to continue."""
     if spec.get("handover_on_stall") and spec.get("nosave"):
-        return [f"stages.{stage}: handover_on_stall needs every epoch saved, and nosave: true saves only the last. "
-                "Set nosave: false or handover_on_stall: null."]  # fmt: skip
+        return [
+            f"stages.{stage}: handover_on_stall needs every epoch saved, and nosave: true saves only the last. "
+            "Set nosave: false or handover_on_stall: null."
+        ]
     return []
 
 
@@ -191,22 +212,28 @@ def _check_tune(stage: str, spec: dict) -> list[str]:
     if not (spec.get("tune") and spec["gpus"] > 1):
         return []
     key = f"stages.{stage}"
-    return [f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']}: each tune trial would hang until "
-            "the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 (tune a copy of the stage on one "
-            "GPU, then train on several with the settings it kept)."]  # fmt: skip
+    return [
+        f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']}: each tune trial would hang until "
+        "the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 (tune a copy of the stage on one "
+        "GPU, then train on several with the settings it kept)."
+    ]
 
 
 def _check_yolov5_options(config: dict, stage: str, spec: dict) -> list[str]:
     """The combinations yolov5 would refuse (or silently mishandle) only once the stage runs."""
     key, problems = f"stages.{stage}", []
     if spec.get("image_weights") and spec["gpus"] > 1:
-        problems.append(f"{key}.image_weights: yolov5 refuses image_weights with more than one GPU (gpus: "
-                        f"{spec['gpus']}). Set image_weights: false or gpus: 1.")  # fmt: skip
+        problems.append(
+            f"{key}.image_weights: yolov5 refuses image_weights with more than one GPU (gpus: "
+            f"{spec['gpus']}). Set image_weights: false or gpus: 1."
+        )
     previous = previous_stage(config, stage)
     if previous and spec["start_from"] in ("previous", "previous_weights"):
         before = bool(stage_spec(config, previous).get("single_cls"))
         if bool(spec.get("single_cls")) != before:
-            problems.append(f"{key}.single_cls: {bool(spec.get('single_cls'))} differs from stage {previous} "
-                            f"({before}), which it starts from: the detection head would be thrown away. Set "
-                            "single_cls in stage_defaults, or start_from: model.")  # fmt: skip
+            problems.append(
+                f"{key}.single_cls: {bool(spec.get('single_cls'))} differs from stage {previous} "
+                f"({before}), which it starts from: the detection head would be thrown away. Set "
+                "single_cls in stage_defaults, or start_from: model."
+            )
     return problems

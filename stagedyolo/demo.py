@@ -63,8 +63,9 @@ def write_demo_dataset(root: str | Path, spec: DemoSpec) -> Path:
     return data_yaml
 
 
-def write_demo(root: str | Path, train_images: int = 256, val_images: int = 64, seed: int = 0,
-               test_images: int = 0) -> dict:  # fmt: skip
+def write_demo(
+    root: str | Path, train_images: int = 256, val_images: int = 64, seed: int = 0, test_images: int = 0
+) -> dict:
     """Both demo sets under `root` (a test split in the target set only); returns {"target": data.yaml,
     "pretrain": data.yaml}."""
     root = Path(root)
@@ -160,17 +161,36 @@ def write_demo_for_rule(target_yaml: str, pretrain_yaml: str, settings: dict, lo
     """The demo_dataset rule: both sets, each where the rule's outputs say."""
     written = []
     for data_yaml, spec in (
-        (target_yaml, DemoSpec(TARGET_CLASSES, settings["train_images"], settings["val_images"],
-                               settings["test_images"], seed=settings["seed"])),  # fmt: skip
-        (pretrain_yaml, DemoSpec(PRETRAIN_CLASSES, settings["train_images"], settings["val_images"],
-                                 seed=settings["seed"] + 1000)),  # fmt: skip
+        (
+            target_yaml,
+            DemoSpec(
+                TARGET_CLASSES,
+                settings["train_images"],
+                settings["val_images"],
+                settings["test_images"],
+                seed=settings["seed"],
+            ),
+        ),
+        (
+            pretrain_yaml,
+            DemoSpec(PRETRAIN_CLASSES, settings["train_images"], settings["val_images"], seed=settings["seed"] + 1000),
+        ),
     ):
         written.append(write_demo_dataset(Path(data_yaml).parent, spec))
     Path(log_path).write_text("".join(f"wrote {path}\n" for path in written))
 
 
-def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, cfg: str, stage_defaults: dict,
-                          device: str, threads: int, log_path: str) -> None:  # fmt: skip
+def pretrain_demo_weights(
+    data_yaml: str,
+    weights_out: str,
+    *,
+    settings: dict,
+    cfg: str,
+    stage_defaults: dict,
+    device: str,
+    threads: int,
+    log_path: str,
+) -> None:
     """The demo_pretrain rule: train `cfg` from scratch on the generic set; its last.pt plays the part of the
     official pretrained checkpoint a real user would download. Settings are the stage defaults, with the
     pretraining's own epochs, size, batch and optimizer, validated once at the end."""
@@ -179,10 +199,27 @@ def pretrain_demo_weights(data_yaml: str, weights_out: str, *, settings: dict, c
     from stagedyolo.stage import build_plan, run_stage
 
     out = Path(weights_out)
-    spec = {**stage_defaults, **settings, "device": device, "freeze": 0, "cache": "ram", "val_period": settings["epochs"],
-            "gpus": 1, "nosave": False}  # fmt: skip
-    plan = build_plan(spec, stage="pretrain", data=data_yaml, weights=None, cfg=cfg, cache_mode="ram",
-                      threads=threads, work_dir=out.parent / "work" / "pretrain")  # fmt: skip
-    run_stage(plan, stage_dir=out.parent / "pretrain_run", attempt=1, log_path=log_path,
-              engine_home=out.parent / "engine")  # fmt: skip
+    spec = {
+        **stage_defaults,
+        **settings,
+        "device": device,
+        "freeze": 0,
+        "cache": "ram",
+        "val_period": settings["epochs"],
+        "gpus": 1,
+        "nosave": False,
+    }
+    plan = build_plan(
+        spec,
+        stage="pretrain",
+        data=data_yaml,
+        weights=None,
+        cfg=cfg,
+        cache_mode="ram",
+        threads=threads,
+        work_dir=out.parent / "work" / "pretrain",
+    )
+    run_stage(
+        plan, stage_dir=out.parent / "pretrain_run", attempt=1, log_path=log_path, engine_home=out.parent / "engine"
+    )
     shutil.copy2(out.parent / "pretrain_run" / "weights" / "last.pt", out)

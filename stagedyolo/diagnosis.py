@@ -3,7 +3,8 @@
 Six classes plus healthy. Each finding carries its expected gain and whether a measurement verified it (a
 ``tune`` trial, see stagedyolo/tune.py); advice nobody measured is labelled "unverified". A bigger batch is advised
 only when a measurement at that batch showed it faster: on an H200 at data-wait < 1 % the old "GPU idle -> bigger
-batch" rule made every stage slower (the step on the host set the pace), which is the ``host_bound_step`` class. Every threshold is in the THRESHOLDS table below, with its source; docs/timing.md
+batch" rule made every stage slower (the step on the host set the pace), which is the ``host_bound_step`` class.
+Every threshold is in the THRESHOLDS table below, with its source; docs/timing.md
 prints the same table. On CPU-only runs, classes that need GPU numbers are judged on CPU-side evidence only
 (data-wait share, phase shares, host RAM) or reported as not evaluated: GPU values are never invented.
 """
@@ -19,38 +20,87 @@ from stagedyolo.telemetry.summary import finite as _num
 
 # name: (value, unit, source). ONE table: diagnose() reads nothing else.
 THRESHOLDS: dict[str, tuple[float, str, str]] = {
-    "data_wait_share": (0.05, "fraction of step time",
-                        "PyTorch profiler rule of thumb: data loading > 5 % of step time = input-bound"),
-    "gpu_util_low_pct": (50.0, "% (NVML p50, training window)",
-                         "PyTorch profiler rule of thumb: GPU utilisation < 50 % = use a bigger batch (issue 12: only when measured)"),
-    "gpu_util_busy_pct": (85.0, "% (NVML p50)",
-                          "project: below this a GPU with spare memory gains from a bigger batch"),
-    "memory_headroom_share": (0.25, "fraction of GPU memory",
-                              "project: peak < 25 % leaves room to double the batch at least twice"),
-    "memory_high_share": (0.90, "fraction of GPU memory (peak)",
-                          "PyTorch profiler rule of thumb: peak memory > 90 % = AMP, smaller batch or image"),
-    "memory_target_share": (0.80, "fraction of GPU memory",
-                            "project: a batch recommendation aims at most at this peak"),
-    "small_batch": (16, "images per batch",
-                    "article: near-full memory at a small batch means the image/model is too big, not the batch"),
-    "ram_low_share": (0.10, "fraction of host RAM available (min)",
-                      "project: host memory nearly exhausted (CPU training, RAM cache)"),
-    "cpu_busy_pct": (85.0, "% mean over cores",
-                     "project: above this the host has no spare core for another loader worker"),
-    "val_share": (0.10, "fraction of the epoch loop",
-                  "article: validate less often when validation costs > 10 % of training (yolov5 validates every epoch)"),
+    "data_wait_share": (
+        0.05,
+        "fraction of step time",
+        "PyTorch profiler rule of thumb: data loading > 5 % of step time = input-bound",
+    ),
+    "gpu_util_low_pct": (
+        50.0,
+        "% (NVML p50, training window)",
+        "PyTorch profiler rule of thumb: GPU utilisation < 50 % = use a bigger batch (issue 12: only when measured)",
+    ),
+    "gpu_util_busy_pct": (
+        85.0,
+        "% (NVML p50)",
+        "project: below this a GPU with spare memory gains from a bigger batch",
+    ),
+    "memory_headroom_share": (
+        0.25,
+        "fraction of GPU memory",
+        "project: peak < 25 % leaves room to double the batch at least twice",
+    ),
+    "memory_high_share": (
+        0.90,
+        "fraction of GPU memory (peak)",
+        "PyTorch profiler rule of thumb: peak memory > 90 % = AMP, smaller batch or image",
+    ),
+    "memory_target_share": (
+        0.80,
+        "fraction of GPU memory",
+        "project: a batch recommendation aims at most at this peak",
+    ),
+    "small_batch": (
+        16,
+        "images per batch",
+        "article: near-full memory at a small batch means the image/model is too big, not the batch",
+    ),
+    "ram_low_share": (
+        0.10,
+        "fraction of host RAM available (min)",
+        "project: host memory nearly exhausted (CPU training, RAM cache)",
+    ),
+    "cpu_busy_pct": (
+        85.0,
+        "% mean over cores",
+        "project: above this the host has no spare core for another loader worker",
+    ),
+    "val_share": (
+        0.10,
+        "fraction of the epoch loop",
+        "article: validate less often when validation costs > 10 % of training (yolov5 validates every epoch)",
+    ),
     "val_target_share": (0.05, "fraction of the epoch loop", "project: val_period is chosen to bring val near this"),
-    "checkpoint_share": (0.05, "fraction of the epoch loop",
-                         "article: per-epoch checkpoints of quick runs are waste (nosave)"),
-    "logging_share": (0.05, "fraction of the epoch loop",
-                      "article: keep logging local (TensorBoard only); yolov5 plots cost seconds on CPU"),
-    "first_epoch_overhead": (1.5, "first epoch / steady epoch train time",
-                             "article: a slow first epoch is image decoding; cache the decoded images"),
-    "ram_cache_margin": (0.30, "fraction of available RAM kept free",
-                         "config cache.ram_safety_margin default; yolov5 itself keeps only 10 %"),
-    "min_measured_gain": (0.05, "fraction faster (steady images/s)",
-                          "issue 12: a change is kept (tune) or a bigger batch advised only when measured this much faster"),
-    "nominal_batch": (YOLOV5_NOMINAL_BATCH, "images", "yolov5 nbs: gradients are accumulated to 64, so batch <= 64 keeps the optimisation"),
+    "checkpoint_share": (
+        0.05,
+        "fraction of the epoch loop",
+        "article: per-epoch checkpoints of quick runs are waste (nosave)",
+    ),
+    "logging_share": (
+        0.05,
+        "fraction of the epoch loop",
+        "article: keep logging local (TensorBoard only); yolov5 plots cost seconds on CPU",
+    ),
+    "first_epoch_overhead": (
+        1.5,
+        "first epoch / steady epoch train time",
+        "article: a slow first epoch is image decoding; cache the decoded images",
+    ),
+    "ram_cache_margin": (
+        0.30,
+        "fraction of available RAM kept free",
+        "config cache.ram_safety_margin default; yolov5 itself keeps only 10 %",
+    ),
+    "min_measured_gain": (
+        0.05,
+        "fraction faster (steady images/s)",
+        "issue 12: a change is kept (tune) or a bigger batch advised only when measured this much faster",
+    ),
+    "nominal_batch": (
+        YOLOV5_NOMINAL_BATCH,
+        "images",
+        "yolov5 nbs: gradients are accumulated to 64, so batch <= 64 keeps the optimisation",
+    ),
 }
 
 CLASSES = {
@@ -83,9 +133,14 @@ class Findings(list):
         return [f["code"] for f in self]
 
     def to_dict(self) -> dict:
-        return {"stage": self.stage, "verdict": verdict_line(self.stage, self), "findings": list(self),
-                "not_evaluated": self.not_evaluated, "context": self.context,
-                "thresholds": {k: {"value": v[0], "unit": v[1], "source": v[2]} for k, v in THRESHOLDS.items()}}
+        return {
+            "stage": self.stage,
+            "verdict": verdict_line(self.stage, self),
+            "findings": list(self),
+            "not_evaluated": self.not_evaluated,
+            "context": self.context,
+            "thresholds": {k: {"value": v[0], "unit": v[1], "source": v[2]} for k, v in THRESHOLDS.items()},
+        }
 
 
 def _int(x):
@@ -100,25 +155,37 @@ def _ev(value, threshold, op):
 def _gain(speedup=None, saves_share=None, basis="", measured_by=None) -> dict:
     """A finding's expected gain: ``speedup`` of steady training images/s (x1.25 = 25 % faster) and/or the share of
     the epoch loop it saves; ``measured_by`` names the measurement behind it, None when it is an estimate."""
-    return {"speedup": None if speedup is None else round(speedup, 3),
-            "saves_share": None if saves_share is None else round(max(saves_share, 0.0), 4),
-            "basis": basis, "measured_by": measured_by}
+    return {
+        "speedup": None if speedup is None else round(speedup, 3),
+        "saves_share": None if saves_share is None else round(max(saves_share, 0.0), 4),
+        "basis": basis,
+        "measured_by": measured_by,
+    }
 
 
-def _finding(code, evidence, change, why, also=(), addressable_share=None, key_metric=None, gain=None,
-             candidate="from change"):  # fmt: skip
+def _finding(
+    code, evidence, change, why, also=(), addressable_share=None, key_metric=None, gain=None, candidate="from change"
+):
     """``candidate``: the change as stage settings ({"workers": 8}) a tune trial can run; None when a short
     training window cannot measure it (validation, checkpoints, memory)."""
     cls, title = CLASSES[code]
     if key_metric is None:  # the first piece of evidence that crossed its threshold
         key_metric = next((k for k, v in evidence.items() if isinstance(v, dict) and v.get("op") in ("<", ">")), None)
-    return {"code": code, "class": cls, "title": title, "key_metric": key_metric, "evidence": evidence,
-            "change": change, "trade_off": trade_off_of(change),
-            "also": [_with_trade_off(a) for a in also], "why": why,
-            "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
-            "expected_gain": gain or _gain(basis="no speed estimate"),
-            "candidate": candidate_of(change) if candidate == "from change" else candidate,
-            "verified": bool(gain and gain.get("measured_by"))}
+    return {
+        "code": code,
+        "class": cls,
+        "title": title,
+        "key_metric": key_metric,
+        "evidence": evidence,
+        "change": change,
+        "trade_off": trade_off_of(change),
+        "also": [_with_trade_off(a) for a in also],
+        "why": why,
+        "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
+        "expected_gain": gain or _gain(basis="no speed estimate"),
+        "candidate": candidate_of(change) if candidate == "from change" else candidate,
+        "verified": bool(gain and gain.get("measured_by")),
+    }
 
 
 def _amp_on(amp) -> bool | None:
@@ -147,8 +214,11 @@ def _cache_change(stage, t) -> tuple[str | None, dict]:
     cache = (t["config"].get("cache") or "").lower()
     est = _cache_estimate_mb(t)
     avail = _num(t["cpu"].get("ram_available_min_mb"))
-    ev = {"cache_estimate_mb": _ev(est, None, "info"), "ram_available_min_mb": _ev(avail, None, "info"),
-          "cache": cache or None}
+    ev = {
+        "cache_estimate_mb": _ev(est, None, "info"),
+        "ram_available_min_mb": _ev(avail, None, "info"),
+        "cache": cache or None,
+    }
     fits = est is not None and avail is not None and est < (1 - T("ram_cache_margin")) * avail
     if cache == "ram":
         return None, ev
@@ -198,8 +268,12 @@ def _batch_support(rates, batch) -> tuple[int, float, str] | None:
     return best, rates[best][0] / base, rates[best][1]
 
 
-_NO_OOM_GAIN = {"speedup": None, "saves_share": None, "basis": "avoids running out of memory (and its retries)",
-                "measured_by": None}
+_NO_OOM_GAIN = {
+    "speedup": None,
+    "saves_share": None,
+    "basis": "avoids running out of memory (and its retries)",
+    "measured_by": None,
+}
 TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
 
 
@@ -207,10 +281,14 @@ TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training w
 # a smaller image is the lever left; for checkpoint stalls, nosave), but says what it costs, in a few words for the
 # verdict line and in full for diagnosis.md and the report. tune tries neither (not trialable).
 TRADE_OFFS = {
-    "img": ("changes what is trained",
-            "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it"),
-    "nosave": ("no resume mid-stage",
-               "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming"),
+    "img": (
+        "changes what is trained",
+        "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it",
+    ),
+    "nosave": (
+        "no resume mid-stage",
+        "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming",
+    ),
 }
 
 
@@ -270,44 +348,71 @@ def _batch_or_host(found, skipped, stage, *, rates, util_p50, mem_share, batch, 
     """GPU idle while the loader keeps up: a bigger batch when a measurement showed it faster (batch_too_small),
     else the host-bound class, whose tune candidate is that bigger batch."""
     low_util = util_p50 < T("gpu_util_low_pct")
-    headroom = (mem_share is not None and mem_share < T("memory_headroom_share")
-                and util_p50 < T("gpu_util_busy_pct") and batch < nominal)
+    headroom = (
+        mem_share is not None
+        and mem_share < T("memory_headroom_share")
+        and util_p50 < T("gpu_util_busy_pct")
+        and batch < nominal
+    )
     nb = _bigger_batch(batch, mem_share, nominal, gpus, cap_at_nominal=headroom and not low_util)
     idle_share = (1 - util_p50 / 100) * train_frac
     support = _batch_support(rates, batch)
     if support:
         nb, speedup, source = support
-        found.append(_finding("batch_too_small", {
-            "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
-            "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
-            "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-            "batch": _ev(batch, nominal, "info")},
-            f"stages.{stage}.batch: {nb}", f"batch {nb} measured {speedup:.2f}x the images/s of batch {batch} ({source})",
-            addressable_share=idle_share, key_metric="measured_speedup",
-            gain=_gain(speedup, basis=f"measured: batch {nb} vs {batch}", measured_by=source)))
+        found.append(
+            _finding(
+                "batch_too_small",
+                {
+                    "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
+                    "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
+                    "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
+                    "batch": _ev(batch, nominal, "info"),
+                },
+                f"stages.{stage}.batch: {nb}",
+                f"batch {nb} measured {speedup:.2f}x the images/s of batch {batch} ({source})",
+                addressable_share=idle_share,
+                key_metric="measured_speedup",
+                gain=_gain(speedup, basis=f"measured: batch {nb} vs {batch}", measured_by=source),
+            )
+        )
         return
     if (low_util or headroom) and nb > batch:
-        skipped.append({"code": "batch_too_small", "reason": (
-            f"GPU util p50 {util_p50:.0f} %, but no measurement shows a bigger batch faster; "
-            f"stages.{stage}.tune: true measures batch {nb} before advising it")})
+        skipped.append(
+            {
+                "code": "batch_too_small",
+                "reason": (
+                    f"GPU util p50 {util_p50:.0f} %, but no measurement shows a bigger batch faster; "
+                    f"stages.{stage}.tune: true measures batch {nb} before advising it"
+                ),
+            }
+        )
     if not low_util or dws is None:
         return
     step_share = 1 - dws  # the main process is inside its own step the rest of the time
-    found.append(_finding("host_bound_step", {
-        "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<"),
-        "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
-        "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-        "batch": _ev(batch, nominal, "info")},
-        f"stages.{stage}.tune: true",
-        f"the GPU idles {100 - util_p50:.0f} % of the time while the main process spends "
-        f"{100 * step_share:.0f} % of it inside its own step: the host side of the step (Python, kernel "
-        "launches, syncs; yolov5's deterministic mode, EMA update) sets the pace. More workers do not help, "
-        "and a bigger batch only if a measurement says so" + (f": tune measures batch {nb}" if nb > batch else ""),
-        also=[f"measure stages.{stage}.batch: {nb} (tune) before using it"] if nb > batch else [],
-        addressable_share=idle_share,
-        gain=_gain(None, idle_share, "upper bound: the GPU's idle share of training; no config change is known to "
-                   "recover it"),
-        candidate={"batch": nb} if nb > batch else None))
+    found.append(
+        _finding(
+            "host_bound_step",
+            {
+                "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<"),
+                "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
+                "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
+                "batch": _ev(batch, nominal, "info"),
+            },
+            f"stages.{stage}.tune: true",
+            f"the GPU idles {100 - util_p50:.0f} % of the time while the main process spends "
+            f"{100 * step_share:.0f} % of it inside its own step: the host side of the step (Python, kernel "
+            "launches, syncs; yolov5's deterministic mode, EMA update) sets the pace. More workers do not help, "
+            "and a bigger batch only if a measurement says so" + (f": tune measures batch {nb}" if nb > batch else ""),
+            also=[f"measure stages.{stage}.batch: {nb} (tune) before using it"] if nb > batch else [],
+            addressable_share=idle_share,
+            gain=_gain(
+                None,
+                idle_share,
+                "upper bound: the GPU's idle share of training; no config change is known to recover it",
+            ),
+            candidate={"batch": nb} if nb > batch else None,
+        )
+    )
 
 
 def _periodic_stalls(found, skipped, stage, t, tot, loop):
@@ -332,31 +437,57 @@ def _periodic_stalls(found, skipped, stage, t, tot, loop):
             changes["val"] = f"stages.{stage}.val_period: {n}"
         else:
             over.remove("val")
-            skipped.append({"code": "periodic_stalls", "reason": (
-                f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
-                f"already validates only {validations(now, epochs)} time(s), the last of which always runs")})
+            skipped.append(
+                {
+                    "code": "periodic_stalls",
+                    "reason": (
+                        f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
+                        f"already validates only {validations(now, epochs)} time(s), the last of which always runs"
+                    ),
+                }
+            )
     if "checkpoint" in over and cfg.get("nosave") is True:  # advice it already follows saves nothing
         over.remove("checkpoint")
-        skipped.append({"code": "periodic_stalls", "reason": (
-            f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
-            "on (the one save at the end remains)")})
+        skipped.append(
+            {
+                "code": "periodic_stalls",
+                "reason": (
+                    f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
+                    "on (the one save at the end remains)"
+                ),
+            }
+        )
     if "checkpoint" in over:
         changes["checkpoint"] = f"stages.{stage}.nosave: true"
     if "logging" in over:
-        changes["logging"] = (f"stages.{stage}.plots: false" if cfg.get("plots") is not False else
-                              "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml "
-                              "(e.g. WANDB_MODE=disabled)")
+        changes["logging"] = (
+            f"stages.{stage}.plots: false"
+            if cfg.get("plots") is not False
+            else "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml (e.g. WANDB_MODE=disabled)"
+        )
     if not over:
         return
     worst = max(over, key=lambda k: shares[k])
-    ev = {f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in over else "<=")
-          for k in ("val", "checkpoint", "logging")}
-    found.append(_finding("periodic_stalls", ev, changes[worst],
-                          f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop",
-                          also=[changes[k] for k in over if k != worst],
-                          addressable_share=sum(shares[k] for k in over), key_metric=f"{worst}_share",
-                          gain=_gain(None, saves[worst], f"measured {worst} share of the epoch loop, "
-                                     "times the share of it the change removes")))
+    ev = {
+        f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in over else "<=")
+        for k in ("val", "checkpoint", "logging")
+    }
+    found.append(
+        _finding(
+            "periodic_stalls",
+            ev,
+            changes[worst],
+            f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop",
+            also=[changes[k] for k in over if k != worst],
+            addressable_share=sum(shares[k] for k in over),
+            key_metric=f"{worst}_share",
+            gain=_gain(
+                None,
+                saves[worst],
+                f"measured {worst} share of the epoch loop, times the share of it the change removes",
+            ),
+        )
+    )
 
 
 def diagnose(timing: dict, stage: str | None = None, measured: dict | None = None) -> Findings:
@@ -404,11 +535,21 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
                 why = "AMP is on and the batch is already small: the image (or the model) is too big for this GPU"
             else:
                 change, why = f"stages.{stage}.batch: {max(gpus, (batch or 2) // 2)}", "memory is full"
-            found.append(_finding("memory_bound", {
-                "peak_memory_share": _ev(mem_share, T("memory_high_share"), ">"),
-                "batch": _ev(batch, T("small_batch"), "info"), "amp": cfg.get("amp")},
-                change, why, also=["a smaller model (model.cfg), e.g. yolov5n.yaml"] if amp else [],
-                gain=_NO_OOM_GAIN, candidate=None))
+            found.append(
+                _finding(
+                    "memory_bound",
+                    {
+                        "peak_memory_share": _ev(mem_share, T("memory_high_share"), ">"),
+                        "batch": _ev(batch, T("small_batch"), "info"),
+                        "amp": cfg.get("amp"),
+                    },
+                    change,
+                    why,
+                    also=["a smaller model (model.cfg), e.g. yolov5n.yaml"] if amp else [],
+                    gain=_NO_OOM_GAIN,
+                    candidate=None,
+                )
+            )
     else:
         avail, total = _num(cpu.get("ram_available_min_mb")), _num(cpu.get("ram_total_mb"))
         if avail is None or not total:
@@ -421,10 +562,19 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
                 change, why = f"stages.{stage}.workers: {workers // 2}", "each loader worker holds its own batches"
             else:
                 change, why = f"stages.{stage}.batch: {max(1, (batch or 2) // 2)}", "host memory is full (CPU run)"
-            found.append(_finding("memory_bound", {
-                "ram_available_min_share": _ev(avail / total, T("ram_low_share"), "<"),
-                "peak_rss_mb": _ev(_num(cpu.get("peak_rss_mb")), None, "info")},
-                change, why + "; judged on host RAM: no GPU in this run", gain=_NO_OOM_GAIN, candidate=None))
+            found.append(
+                _finding(
+                    "memory_bound",
+                    {
+                        "ram_available_min_share": _ev(avail / total, T("ram_low_share"), "<"),
+                        "peak_rss_mb": _ev(_num(cpu.get("peak_rss_mb")), None, "info"),
+                    },
+                    change,
+                    why + "; judged on host RAM: no GPU in this run",
+                    gain=_NO_OOM_GAIN,
+                    candidate=None,
+                )
+            )
 
     # 1 data-loading bound ---------------------------------------------------------------------------------
     data_bound = dws is not None and dws > T("data_wait_share")
@@ -436,9 +586,11 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
         if cores is not None and cpu_util is not None:
             spare = cores * (1 - cpu_util / 100.0)
         busy = cpu_util is not None and cpu_util > T("cpu_busy_pct")
-        ev = {"data_wait_share": _ev(dws, T("data_wait_share"), ">"),
-              "cpu_util_mean_pct": _ev(cpu_util, T("cpu_busy_pct"), "info"),
-              "workers": _ev(workers, max_workers, "info")}
+        ev = {
+            "data_wait_share": _ev(dws, T("data_wait_share"), ">"),
+            "cpu_util_mean_pct": _ev(cpu_util, T("cpu_busy_pct"), "info"),
+            "workers": _ev(workers, max_workers, "info"),
+        }
         if has_gpu:
             ev["gpu_util_p50_pct"] = _ev(util_p50, T("gpu_util_low_pct"), "info")
         cache_change, cev = _cache_change(stage, t)
@@ -446,26 +598,44 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
         if workers is not None and max_workers is not None and workers < max_workers and not busy:
             nw = min(max_workers, max(workers * 2, workers + 1))
             change = f"stages.{stage}.workers: {nw}"
-            why = f"the loader starves the step and the CPUs have ~{spare:.1f} idle core(s)" if spare is not None \
+            why = (
+                f"the loader starves the step and the CPUs have ~{spare:.1f} idle core(s)"
+                if spare is not None
                 else "the loader starves the step"
+            )
             also = [cache_change] if cache_change else []
         elif cache_change:
-            change, why = cache_change, ("the CPUs are busy (or workers are at the cap): "
-                                         "skip JPEG decoding by caching decoded images")
+            change, why = (
+                cache_change,
+                ("the CPUs are busy (or workers are at the cap): skip JPEG decoding by caching decoded images"),
+            )
             also = []
             ev.update(cev)
         else:
-            change = f"stages.{stage}.img: {_round32((img or 640) * 0.75)}" if img else f"stages.{stage}.workers: {workers}"
+            change = (
+                f"stages.{stage}.img: {_round32((img or 640) * 0.75)}" if img else f"stages.{stage}.workers: {workers}"
+            )
             why = "CPUs are saturated and images are already cached: less augmentation/resize work per image"
             also = []
         if not has_gpu:
             why += "; judged on CPU-side evidence only (no GPU in this run)"
             if nw is not None and threads and cores and threads + nw > cores:
                 why += f" (note: {threads} torch thread(s) + {nw} workers exceed the {cores} cores)"
-        found.append(_finding("data_loading_bound", ev, change, why, also,
-                              addressable_share=dws * (train_frac or 1.0),
-                              gain=_gain(1 / (1 - dws) if dws < 1 else None, dws * (train_frac or 1.0),
-                                         "upper bound: the step stops waiting for data")))
+        found.append(
+            _finding(
+                "data_loading_bound",
+                ev,
+                change,
+                why,
+                also,
+                addressable_share=dws * (train_frac or 1.0),
+                gain=_gain(
+                    1 / (1 - dws) if dws < 1 else None,
+                    dws * (train_frac or 1.0),
+                    "upper bound: the step stops waiting for data",
+                ),
+            )
+        )
 
     # 2 batch too small / host-bound step -------------------------------------------------------------------
     if not has_gpu:
@@ -473,9 +643,19 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
     elif util_p50 is None:
         skipped.append({"code": "batch_too_small", "reason": "no GPU utilisation samples"})
     elif not data_bound and batch:
-        _batch_or_host(found, skipped, stage, rates=measured_batch_rates(t, measured), util_p50=util_p50,
-                       mem_share=mem_share, batch=batch, nominal=nominal, gpus=gpus, dws=dws,
-                       train_frac=train_frac or 1.0)  # fmt: skip
+        _batch_or_host(
+            found,
+            skipped,
+            stage,
+            rates=measured_batch_rates(t, measured),
+            util_p50=util_p50,
+            mem_share=mem_share,
+            batch=batch,
+            nominal=nominal,
+            gpus=gpus,
+            dws=dws,
+            train_frac=train_frac or 1.0,
+        )
 
     # 4 periodic stalls ------------------------------------------------------------------------------------
     if loop <= 0:
@@ -491,25 +671,45 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
         change, cev = _cache_change(stage, t)
         steady = _num(t["throughput"].get("steady_epoch_train_s")) or 0.0
         if change:
-            found.append(_finding("slow_first_epoch", {
-                "first_epoch_overhead": _ev(feo, T("first_epoch_overhead"), ">"), **cev}, change,
-                "the first pass decodes every image from disk; a cache pays that once, in setup",
-                addressable_share=((feo - 1) * steady / loop) if loop else None,
-                gain=_gain(None, ((feo - 1) * steady / loop) if loop else None,
-                           "the first epoch's extra time over a steady epoch")))
+            found.append(
+                _finding(
+                    "slow_first_epoch",
+                    {"first_epoch_overhead": _ev(feo, T("first_epoch_overhead"), ">"), **cev},
+                    change,
+                    "the first pass decodes every image from disk; a cache pays that once, in setup",
+                    addressable_share=((feo - 1) * steady / loop) if loop else None,
+                    gain=_gain(
+                        None,
+                        ((feo - 1) * steady / loop) if loop else None,
+                        "the first epoch's extra time over a steady epoch",
+                    ),
+                )
+            )
         else:
-            skipped.append({"code": "slow_first_epoch", "reason": f"first epoch {feo:.2f}x steady, but images are "
-                            f"already cached ({cfg.get('cache')}): engine warm-up, no config change"})
+            skipped.append(
+                {
+                    "code": "slow_first_epoch",
+                    "reason": f"first epoch {feo:.2f}x steady, but images are "
+                    f"already cached ({cfg.get('cache')}): engine warm-up, no config change",
+                }
+            )
 
     ooms = [a for a in t.get("attempts") or [] if a.get("status") == "oom"]
     if ooms:
         # The stage finished only after out-of-memory retries: say so, and make the working batch the config's,
         # so the next run does not pay for the failed attempts again.
-        found.append(_finding("batch_reduced_after_oom", {
-            "oom_attempts": len(ooms), "batch_that_failed": ooms[0].get("batch"), "batch_used": batch},
-            f"stages.{stage}.batch: {batch}", "CUDA ran out of memory at the configured batch; each retry halved it",
-            also=[f"stages.{stage}.amp: true", f"stages.{stage}.img: {_round32((img or 64) * 0.75)}"],
-            key_metric="oom_attempts", gain=_NO_OOM_GAIN, candidate=None))
+        found.append(
+            _finding(
+                "batch_reduced_after_oom",
+                {"oom_attempts": len(ooms), "batch_that_failed": ooms[0].get("batch"), "batch_used": batch},
+                f"stages.{stage}.batch: {batch}",
+                "CUDA ran out of memory at the configured batch; each retry halved it",
+                also=[f"stages.{stage}.amp: true", f"stages.{stage}.img: {_round32((img or 64) * 0.75)}"],
+                key_metric="oom_attempts",
+                gain=_NO_OOM_GAIN,
+                candidate=None,
+            )
+        )
 
     order = {"batch_reduced_after_oom": 0, "memory_bound": 0}
     found.sort(key=lambda f: (order.get(f["code"], 1), -(f["addressable_share"] or 0.0)))
@@ -560,10 +760,21 @@ def gain_text(f) -> str:
 def tune_markdown(tune: dict | None) -> list[str]:
     """The tune section: every trial's settings and steady images/s, before and after, and what was kept."""
     if not tune:
-        return ["## Tune", "", "Not run: the advice above is unverified (set `stages.<stage>.tune: true` to measure "
-                "the top advice on the real stage settings before training).", ""]
-    lines = ["## Tune", "", f"{tune.get('summary', '')}", "",
-             "| trial | settings | steady images/s | vs baseline | kept |", "|---|---|---:|---:|---|"]
+        return [
+            "## Tune",
+            "",
+            "Not run: the advice above is unverified (set `stages.<stage>.tune: true` to measure "
+            "the top advice on the real stage settings before training).",
+            "",
+        ]
+    lines = [
+        "## Tune",
+        "",
+        f"{tune.get('summary', '')}",
+        "",
+        "| trial | settings | steady images/s | vs baseline | kept |",
+        "|---|---|---:|---:|---|",
+    ]
     base = _num(tune.get("baseline_images_per_s"))
     for tr in tune.get("trials") or []:
         ips = _num(tr.get("images_per_s"))
@@ -581,9 +792,11 @@ def diagnosis_markdown(findings) -> str:
     d = findings.to_dict() if isinstance(findings, Findings) else Findings(findings).to_dict()
     lines = [f"# Diagnosis: {d['stage']}", "", d["verdict"], ""]
     for i, f in enumerate(d["findings"], 1):
-        lines += [f"## {i}. {f['title']} (`{f['code']}`)", "", f"**Change:** `{f['change']}` ({_verification(f)})",
-                  ""] + ([f"Trade-off: {f['trade_off']['detail']}", ""] if f.get("trade_off") else []) + [
-                  f"Expected gain: {gain_text(f)}", ""]
+        lines += (
+            [f"## {i}. {f['title']} (`{f['code']}`)", "", f"**Change:** `{f['change']}` ({_verification(f)})", ""]
+            + ([f"Trade-off: {f['trade_off']['detail']}", ""] if f.get("trade_off") else [])
+            + [f"Expected gain: {gain_text(f)}", ""]
+        )
         for a in f["also"]:
             lines.append(f"- also: `{a}`")
         if f["also"]:

@@ -23,24 +23,46 @@ SCORES = ("precision", "recall", "ap50", "ap50_95")
 SINGLE_CLASS_NAME = "item"  # yolov5 train.py's name for the one class of a single_cls model
 
 
-def evaluate_for_rule(weights: str, data_yaml: str, metrics_json: str, metrics_md: str, *, img: int, batch: int,
-                      device: str, threads: int, log_path: str, single_cls: bool = False) -> dict:  # fmt: skip
+def evaluate_for_rule(
+    weights: str,
+    data_yaml: str,
+    metrics_json: str,
+    metrics_md: str,
+    *,
+    img: int,
+    batch: int,
+    device: str,
+    threads: int,
+    log_path: str,
+    single_cls: bool = False,
+) -> dict:
     """The evaluate_test rule. Without a `test:` split it writes that there is none, and succeeds. Folders follow
     the output path (R/test/test_metrics.json; the engine's settings folder is R/engine). ``single_cls``: the
     weights were trained with it (the last stage's setting)."""
     data = load_data_yaml(data_yaml)
     if "test" not in data["splits"]:
-        result = {"test_split": None, "reason": f"{source_yaml(data_yaml)} has no test: split",
-                  "weights": str(Path(weights).resolve())}  # fmt: skip
+        result = {
+            "test_split": None,
+            "reason": f"{source_yaml(data_yaml)} has no test: split",
+            "weights": str(Path(weights).resolve()),
+        }
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(log_path).write_text(result["reason"] + "; nothing to evaluate\n")
     else:
         from stagedyolo.engine.job import engine_job
 
         with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads):
-            result = run_val(weights, data_yaml, data, img=img, batch=batch, device=device,
-                             workers=0 if threads <= 2 else min(8, threads // 2),
-                             out_dir=Path(metrics_json).parent / "val", single_cls=single_cls)  # fmt: skip
+            result = run_val(
+                weights,
+                data_yaml,
+                data,
+                img=img,
+                batch=batch,
+                device=device,
+                workers=0 if threads <= 2 else min(8, threads // 2),
+                out_dir=Path(metrics_json).parent / "val",
+                single_cls=single_cls,
+            )
     write_json(metrics_json, result)
     Path(metrics_md).write_text(markdown(result))
     return result
@@ -63,8 +85,18 @@ def narrow_to_device_setting(device: str, env) -> None:
         env.update(stage_gpu_env(1, env, stage="evaluate_test", device=str(device).split(",")[0]))
 
 
-def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, device: str, workers: int,
-            out_dir: Path, single_cls: bool = False) -> dict:  # fmt: skip
+def run_val(
+    weights: str,
+    data_yaml: str,
+    data: dict,
+    *,
+    img: int,
+    batch: int,
+    device: str,
+    workers: int,
+    out_dir: Path,
+    single_cls: bool = False,
+) -> dict:
     narrow_to_device_setting(device, os.environ)  # before torch first touches CUDA
     import torch
     from yolov5 import val
@@ -82,18 +114,33 @@ def run_val(weights: str, data_yaml: str, data: dict, *, img: int, batch: int, d
     val.ap_per_class = capture
     try:
         (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
-            data=str(Path(data_yaml).resolve()), weights=str(Path(weights).resolve()), batch_size=batch, imgsz=img,
-            task="test", device=resolve_device(device, torch.cuda.is_available()), workers=workers, plots=False,
-            single_cls=single_cls, project=str(out_dir), name="test", exist_ok=True, callbacks=Callbacks())  # fmt: skip
+            data=str(Path(data_yaml).resolve()),
+            weights=str(Path(weights).resolve()),
+            batch_size=batch,
+            imgsz=img,
+            task="test",
+            device=resolve_device(device, torch.cuda.is_available()),
+            workers=workers,
+            plots=False,
+            single_cls=single_cls,
+            project=str(out_dir),
+            name="test",
+            exist_ok=True,
+            callbacks=Callbacks(),
+        )
     finally:
         val.ap_per_class = ap_per_class
     names = class_names(data["names"], single_cls)
     counts = instance_counts(data["splits"]["test"], len(names), single_cls)
-    return {"test_split": data["splits"]["test"], "weights": str(Path(weights).resolve()), "img": img,
-            "single_cls": single_cls,
-            "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
-            "classes": per_class(names, counts, captured),
-            "ms_per_image": dict(zip(("pre", "inference", "nms"), speed))}  # fmt: skip
+    return {
+        "test_split": data["splits"]["test"],
+        "weights": str(Path(weights).resolve()),
+        "img": img,
+        "single_cls": single_cls,
+        "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
+        "classes": per_class(names, counts, captured),
+        "ms_per_image": dict(zip(("pre", "inference", "nms"), speed)),
+    }
 
 
 def class_names(names: list[str], single_cls: bool) -> list[str]:
@@ -120,13 +167,16 @@ def _label_rows(label: Path) -> set[tuple[float, ...]]:
 def per_class(names: list[str], counts: list[int], captured: dict) -> list[dict]:
     """One row per class: a class with no instances in the split has no precision, recall or AP; one with
     instances that ap_per_class did not score (val.py skips it when no detection is right) scores 0."""
-    rows = {i: {"class": name, "instances": counts[i], **dict.fromkeys(SCORES, 0.0 if counts[i] else None)}
-            for i, name in enumerate(names)}  # fmt: skip
+    rows = {
+        i: {"class": name, "instances": counts[i], **dict.fromkeys(SCORES, 0.0 if counts[i] else None)}
+        for i, name in enumerate(names)
+    }
     if captured:
         _tp, _fp, p, r, _f1, ap, classes = captured["result"]
         for k, c in enumerate(classes):
-            rows[int(c)].update(precision=float(p[k]), recall=float(r[k]), ap50=float(ap[k, 0]),
-                                ap50_95=float(ap[k].mean()))  # fmt: skip
+            rows[int(c)].update(
+                precision=float(p[k]), recall=float(r[k]), ap50=float(ap[k, 0]), ap50_95=float(ap[k].mean())
+            )
     return list(rows.values())
 
 
@@ -137,7 +187,7 @@ def markdown(result: dict, heading: str = "#") -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in table_rows(result):
         lines.append("| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |")
-    return (f"{heading} Test split\n\n{caption(result)}\n\n" + "\n".join(lines) + "\n")
+    return f"{heading} Test split\n\n{caption(result)}\n\n" + "\n".join(lines) + "\n"
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -148,8 +198,10 @@ def table_rows(result: dict) -> list[dict]:
 
 def caption(result: dict) -> str:
     single = ", single_cls: every class scored as one" if result.get("single_cls") else ""
-    return (f"Weights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
-            f"(yolov5 val.py, task test{single}).")  # fmt: skip
+    return (
+        f"Weights `{result['weights']}` at {result['img']} px on `{', '.join(result['test_split'])}` "
+        f"(yolov5 val.py, task test{single})."
+    )
 
 
 def _cell(value) -> str:

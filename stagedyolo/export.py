@@ -32,8 +32,17 @@ class ExportFailed(RuntimeError):
     """The exporter produced no file, or the exported model disagrees with the PyTorch model."""
 
 
-def export_for_rule(weights: str, data_yaml: str, outputs: dict, comparison_json: str, *, settings: dict, img: int,
-                    threads: int, log_path: str) -> dict:  # fmt: skip
+def export_for_rule(
+    weights: str,
+    data_yaml: str,
+    outputs: dict,
+    comparison_json: str,
+    *,
+    settings: dict,
+    img: int,
+    threads: int,
+    log_path: str,
+) -> dict:
     """The export rule: ``outputs`` maps each format in settings['formats'] to the file the rule promises.
     Folders follow the output path (R/export/export.json; the engine's settings folder is R/engine)."""
     from stagedyolo.engine.job import engine_job
@@ -49,24 +58,38 @@ def export_for_rule(weights: str, data_yaml: str, outputs: dict, comparison_json
         image = check_image(data_yaml)
         x = letterboxed(image, size)
         reference = pytorch_predictions(model, x)
-        checks = {fmt: compare_predictions(reference, predictions(fmt, written[fmt], x, threads),
-                                           settings["box_tolerance_px"], settings["score_tolerance"])
-                  for fmt in settings["formats"]}  # fmt: skip
+        checks = {
+            fmt: compare_predictions(
+                reference,
+                predictions(fmt, written[fmt], x, threads),
+                settings["box_tolerance_px"],
+                settings["score_tolerance"],
+            )
+            for fmt in settings["formats"]
+        }
     for fmt, path in written.items():
         if Path(path) != Path(outputs[fmt]):
             shutil.move(path, outputs[fmt])
-    record = {"weights": str(Path(weights).resolve()), "image": image, "img": size, "img_setting": img,
-              "opset": settings["opset"], "box_tolerance_px": settings["box_tolerance_px"],
-              "score_tolerance": settings["score_tolerance"],
-              "formats": {fmt: {"file": str(outputs[fmt]), **check} for fmt, check in checks.items()},
-              "passed": all(check["passed"] for check in checks.values())}  # fmt: skip
+    record = {
+        "weights": str(Path(weights).resolve()),
+        "image": image,
+        "img": size,
+        "img_setting": img,
+        "opset": settings["opset"],
+        "box_tolerance_px": settings["box_tolerance_px"],
+        "score_tolerance": settings["score_tolerance"],
+        "formats": {fmt: {"file": str(outputs[fmt]), **check} for fmt, check in checks.items()},
+        "passed": all(check["passed"] for check in checks.values()),
+    }
     write_json(comparison_json, record)
     failed = [fmt for fmt, check in checks.items() if not check["passed"]]
     if failed:
         log_failed_checks(record, failed, log_path)
-        raise ExportFailed(f"export: the {', '.join(failed)} model disagrees with the PyTorch model on {image} beyond "
-                           f"export.box_tolerance_px / export.score_tolerance: its numbers are above and in "
-                           f"{log_path} (Snakemake deletes the failed job's {comparison_json}).")  # fmt: skip
+        raise ExportFailed(
+            f"export: the {', '.join(failed)} model disagrees with the PyTorch model on {image} beyond "
+            f"export.box_tolerance_px / export.score_tolerance: its numbers are above and in "
+            f"{log_path} (Snakemake deletes the failed job's {comparison_json})."
+        )
     return record
 
 
@@ -92,8 +115,10 @@ def removed_on_exit(path: Path):
 def log_failed_checks(record: dict, failed: list[str], log_path: str) -> None:
     """Each failed format's comparison, to the job's log and stderr."""
     lines = [f"export check failed: {fmt}: {json.dumps(record['formats'][fmt])}" for fmt in failed]
-    lines.append(f"export check: tolerances box {record['box_tolerance_px']} px, score {record['score_tolerance']}; "
-                 f"image {record['image']} at {record['img']} px")  # fmt: skip
+    lines.append(
+        f"export check: tolerances box {record['box_tolerance_px']} px, score {record['score_tolerance']}; "
+        f"image {record['image']} at {record['img']} px"
+    )
     with open(log_path, "a") as log:
         log.write("\n".join(lines) + "\n")
     print("\n".join(lines), file=sys.stderr, flush=True)
@@ -111,8 +136,10 @@ def run_exporter(model_pt: Path, img: int, formats: list[str], opset: int) -> di
     written = {fmt: model_pt.with_suffix(FORMATS[fmt]) for fmt in formats}
     missing = [fmt for fmt, path in written.items() if not path.is_file()]
     if missing:
-        raise ExportFailed(f"export: yolov5's exporter wrote no {', '.join(missing)} file; its reason is in the "
-                           "job's log (the line with 'export failure').")  # fmt: skip
+        raise ExportFailed(
+            f"export: yolov5's exporter wrote no {', '.join(missing)} file; its reason is in the "
+            "job's log (the line with 'export failure')."
+        )
     return written
 
 
@@ -174,8 +201,9 @@ def predictions(fmt: str, path: Path, x: np.ndarray, threads: int) -> np.ndarray
         return torch.jit.load(str(path), map_location="cpu")(torch.from_numpy(x))[0].numpy()
 
 
-def compare_predictions(reference: np.ndarray, candidate: np.ndarray, box_tolerance_px: float,
-                        score_tolerance: float) -> dict:  # fmt: skip
+def compare_predictions(
+    reference: np.ndarray, candidate: np.ndarray, box_tolerance_px: float, score_tolerance: float
+) -> dict:
     """Raw predictions (1, anchors, 5 + classes) of two models on the same input, and the boxes each keeps after
     NMS at detect.py's thresholds. Passes when every raw box and score and every kept box agree within tolerance."""
     if reference.shape != candidate.shape:
@@ -183,8 +211,13 @@ def compare_predictions(reference: np.ndarray, candidate: np.ndarray, box_tolera
     box_diff = float(np.abs(reference[..., :4] - candidate[..., :4]).max())
     score_diff = float(np.abs(reference[..., 4:] - candidate[..., 4:]).max())
     kept_ref, kept = detections(reference), detections(candidate)
-    record = {"anchors": int(reference.shape[1]), "raw_max_box_diff_px": box_diff, "raw_max_score_diff": score_diff,
-              "detections": len(kept_ref), "detections_exported": len(kept)}  # fmt: skip
+    record = {
+        "anchors": int(reference.shape[1]),
+        "raw_max_box_diff_px": box_diff,
+        "raw_max_score_diff": score_diff,
+        "detections": len(kept_ref),
+        "detections_exported": len(kept),
+    }
     same_boxes = len(kept) == len(kept_ref) and np.array_equal(kept[:, 5], kept_ref[:, 5])
     kept_diff = float(np.abs(kept[:, :4] - kept_ref[:, :4]).max()) if same_boxes and len(kept) else None
     record["detections_max_box_diff_px"] = kept_diff

@@ -17,8 +17,14 @@ def fixed_costs(job_started_unix: float | None, stages: list[dict]) -> dict:
     for stage in stages:
         clock = (stage.get("timing") or {}).get("clock") or {}
         start = clock.get("train_start")
-        rows.append({"stage": stage["name"], "after": after, "gap_s": _between(previous_end, start),
-                     "setup_s": _between(clock.get("process_start"), start)})  # fmt: skip
+        rows.append(
+            {
+                "stage": stage["name"],
+                "after": after,
+                "gap_s": _between(previous_end, start),
+                "setup_s": _between(clock.get("process_start"), start),
+            }
+        )
         previous_end, after = clock.get("train_end"), f"{stage['name']}'s last training step"
     gaps = [row["gap_s"] for row in rows]
     total = round(sum(gaps), 1) if gaps and None not in gaps else None
@@ -31,15 +37,21 @@ def _between(start: float | None, end: float | None) -> float | None:
 
 
 def markdown(costs: dict) -> str:
-    lines = ["## Fixed costs: the clock while nothing trains", "",
-             "| before the first step of | measured from | gap s | of which its own process set-up s |",
-             "|---|---|---:|---:|"]  # fmt: skip
+    lines = [
+        "## Fixed costs: the clock while nothing trains",
+        "",
+        "| before the first step of | measured from | gap s | of which its own process set-up s |",
+        "|---|---|---:|---:|",
+    ]
     for row in costs["rows"]:
         lines.append(f"| {row['stage']} | {row['after']} | {_cell(row['gap_s'])} | {_cell(row['setup_s'])} |")
     if costs["share"] is not None:
-        lines += ["", f"{costs['total_s']} s of the {costs['run_s']} s from the first job to the last training step "
-                  f"({100 * costs['share']:.0f} %) trained nothing: data preparation and the probe before the first "
-                  "stage; each stage's final validation, publishing, hand-off and process set-up between stages."]
+        lines += [
+            "",
+            f"{costs['total_s']} s of the {costs['run_s']} s from the first job to the last training step "
+            f"({100 * costs['share']:.0f} %) trained nothing: data preparation and the probe before the first "
+            "stage; each stage's final validation, publishing, hand-off and process set-up between stages.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -81,8 +81,9 @@ def _write_marker(folder: Path, facts: dict) -> None:
 
 def require_owned(folder: str | os.PathLike, what: str) -> Path:
     if not is_owned(folder):
-        raise NotOwnedError(f"{what}: {folder} is not a folder stagedyolo created (no {MARKER}); nothing is written "
-                            "or deleted there.")  # fmt: skip
+        raise NotOwnedError(
+            f"{what}: {folder} is not a folder stagedyolo created (no {MARKER}); nothing is written or deleted there."
+        )
     return Path(folder)
 
 

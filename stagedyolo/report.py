@@ -33,18 +33,18 @@ FILES = {
 }
 CAPTIONS = {
     "phases_rst": "Where each stage's wall time went: setup (process start to the first epoch: imports, dataset scan, "
-                  "cache fill, model build), train (batches: data wait + compute), val (in-loop and final validation), "
-                  "checkpoint (torch.save, strip_optimizer), logging (yolov5 loggers: results.csv, TensorBoard, plots) "
-                  "and other (launch, exit, unaccounted). Seconds; the bars sum to the stage's wall time.",
+    "cache fill, model build), train (batches: data wait + compute), val (in-loop and final validation), "
+    "checkpoint (torch.save, strip_optimizer), logging (yolov5 loggers: results.csv, TensorBoard, plots) "
+    "and other (launch, exit, unaccounted). Seconds; the bars sum to the stage's wall time.",
     "utilization_rst": "Host CPU (mean over cores) and, where a GPU was sampled, NVML GPU utilisation per GPU, over "
-                       "each stage's run time (seconds since the sampler started). No GPU line means no GPU readings "
-                       "(the reason is in the stage's timing.json), never zero utilisation.",
+    "each stage's run time (seconds since the sampler started). No GPU line means no GPU readings "
+    "(the reason is in the stage's timing.json), never zero utilisation.",
     "throughput_rst": "Training images per second per epoch (images / train time of the epoch, excluding validation, "
-                      "checkpoint and logging), stages concatenated in order.",
+    "checkpoint and logging), stages concatenated in order.",
     "map50_rst": "Validation mAP@0.5 per epoch from yolov5's results.csv, stages concatenated in order; epochs that "
-                 "were not validated (val_period) are gaps.",
+    "were not validated (val_period) are gaps.",
     "summary_rst": "One row per stage: phase shares, steady-state throughput, data-wait share, utilisation, memory "
-                   "and the diagnosis verdict. Thresholds and definitions: docs/timing.md.",
+    "and the diagnosis verdict. Thresholds and definitions: docs/timing.md.",
 }
 
 
@@ -82,9 +82,16 @@ def collect(stage_dirs: dict) -> list[dict]:
     stages = []
     for name, d in stage_dirs.items():
         d = Path(d)
-        stages.append({"name": name, "dir": str(d), "timing": read_json(d / "timing.json"),
-                       "diagnosis": read_json(d / "diagnosis.json"), "results": read_results(d / "results.csv"),
-                       "telemetry": read_telemetry_series(d / "telemetry.csv")})
+        stages.append(
+            {
+                "name": name,
+                "dir": str(d),
+                "timing": read_json(d / "timing.json"),
+                "diagnosis": read_json(d / "diagnosis.json"),
+                "results": read_results(d / "results.csv"),
+                "telemetry": read_telemetry_series(d / "telemetry.csv"),
+            }
+        )
     return stages
 
 
@@ -103,26 +110,33 @@ def table_rows(stages) -> list[dict]:
         row = {"stage": s["name"], "epochs": t.get("epochs_completed"), "wall_s": _num(t.get("wall_s"))}
         for k in PHASES:
             row[f"{k}_%"] = _pct((ph.get(k) or {}).get("share"))
-        row.update({
-            "images_per_s": th.get("steady_images_per_s"), "it_per_s": th.get("steady_it_per_s"),
-            "predicted_images_per_s": (t.get("prediction") or {}).get("predicted_images_per_s"),
-            "data_wait_%": _pct((t.get("data_wait") or {}).get("share")),
-            "gpu_util_mean_%": (g.get("util_pct") or {}).get("mean") if g.get("available") else None,
-            "gpu_peak_mem_%": _pct(g.get("peak_memory_share")),
-            "cpu_util_mean_%": c.get("util_mean_pct"), "peak_rss_mb": c.get("peak_rss_mb"),
-            "first_epoch_x": t.get("first_epoch_overhead"),
-            "map50_final": round(m[-1], 4) if m else None, "map50_best": round(max(m), 4) if m else None,
-            "batch": (t.get("config") or {}).get("batch"), "workers": (t.get("config") or {}).get("workers"),
-            "verdict": diag.get("verdict") or ("no diagnosis" if not diag else ""),
-        })
+        row.update(
+            {
+                "images_per_s": th.get("steady_images_per_s"),
+                "it_per_s": th.get("steady_it_per_s"),
+                "predicted_images_per_s": (t.get("prediction") or {}).get("predicted_images_per_s"),
+                "data_wait_%": _pct((t.get("data_wait") or {}).get("share")),
+                "gpu_util_mean_%": (g.get("util_pct") or {}).get("mean") if g.get("available") else None,
+                "gpu_peak_mem_%": _pct(g.get("peak_memory_share")),
+                "cpu_util_mean_%": c.get("util_mean_pct"),
+                "peak_rss_mb": c.get("peak_rss_mb"),
+                "first_epoch_x": t.get("first_epoch_overhead"),
+                "map50_final": round(m[-1], 4) if m else None,
+                "map50_best": round(max(m), 4) if m else None,
+                "batch": (t.get("config") or {}).get("batch"),
+                "workers": (t.get("config") or {}).get("workers"),
+                "verdict": diag.get("verdict") or ("no diagnosis" if not diag else ""),
+            }
+        )
         rows.append(row)
     return rows
 
 
 def series(stages) -> dict:
     """Every plotted series (written to plot_data.json)."""
-    phases = {s["name"]: [((s["timing"] or {}).get("phases") or {}).get(k, {}).get("s", 0.0) for k in PHASES]
-              for s in stages}
+    phases = {
+        s["name"]: [((s["timing"] or {}).get("phases") or {}).get(k, {}).get("s", 0.0) for k in PHASES] for s in stages
+    }
     thr_x, thr_y, thr_stage, map_x, map_y, map_stage, bounds = [], [], [], [], [], [], []
     g = 0
     for s in stages:
@@ -133,17 +147,21 @@ def series(stages) -> dict:
             thr_stage.append(s["name"])
         r = s["results"]
         n_res = len(r["epoch"])
-        for i, (ep, v) in enumerate(zip(r["epoch"], r["map50"])):
+        for i, v in enumerate(r["map50"]):
             map_x.append(g + i)
             map_y.append(v)
             map_stage.append(s["name"])
         g += max(len(eps), n_res)
         bounds.append(g)
     util = {s["name"]: s["telemetry"] for s in stages}
-    return {"phase_names": list(PHASES), "phases_s": phases,
-            "throughput": {"x": thr_x, "images_per_s": thr_y, "stage": thr_stage},
-            "map50": {"x": map_x, "map50": map_y, "stage": map_stage},
-            "stage_bounds": bounds, "utilization": util}
+    return {
+        "phase_names": list(PHASES),
+        "phases_s": phases,
+        "throughput": {"x": thr_x, "images_per_s": thr_y, "stage": thr_stage},
+        "map50": {"x": map_x, "map50": map_y, "stage": map_stage},
+        "stage_bounds": bounds,
+        "utilization": util,
+    }
 
 
 def _mpl():
@@ -223,7 +241,9 @@ def plot_throughput(data):
 
 
 def plot_map50(data):
-    return _epoch_lines(data["map50"], "map50", "mAP@0.5", "Validation mAP@0.5 across stages", data["stage_bounds"][:-1])
+    return _epoch_lines(
+        data["map50"], "map50", "mAP@0.5", "Validation mAP@0.5 across stages", data["stage_bounds"][:-1]
+    )
 
 
 class ScalarWriter:
@@ -241,8 +261,11 @@ class ScalarWriter:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        ev = Event(wall_time=walltime or time.time(), step=int(step),
-                   summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]))
+        ev = Event(
+            wall_time=walltime or time.time(),
+            step=int(step),
+            summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]),
+        )
         self._w.add_event(ev)
 
     def close(self):
@@ -317,23 +340,45 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     costs = fixed_costs.fixed_costs((read_json(env) or {}).get("job_started_unix") if env else None, stages)
     data["fixed_costs"] = costs
     costs_md = fixed_costs.markdown(costs)
-    paths["table_md"].write_text("# Stages\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n\n" + costs_md
-                                 + "\n" + test_md + "\n" + diag_md + "\n")  # fmt: skip
-    imgs = "".join(f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
-                   for k in ("phases_png", "utilization_png", "throughput_png", "map50_png"))
+    paths["table_md"].write_text(
+        "# Stages\n\n"
+        + df.to_markdown(index=False, floatfmt=".4g")
+        + "\n\n"
+        + costs_md
+        + "\n"
+        + test_md
+        + "\n"
+        + diag_md
+        + "\n"
+    )
+    imgs = "".join(
+        f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
+        for k in ("phases_png", "utilization_png", "throughput_png", "map50_png")
+    )
     diag_html = "".join(
         f"<h3>{s['name']}</h3><p>{(s['diagnosis'] or {}).get('verdict', 'no diagnosis')}</p><ul>"
-        + "".join(f"<li><b>{f['title']}</b>: <code>{f['change']}</code> ({f.get('why', '')})"
-                  + (f"; trade-off: {f['trade_off']['detail']}" if f.get("trade_off") else "") + "</li>"
-                  for f in (s["diagnosis"] or {}).get("findings", [])) + "</ul>" for s in stages)
+        + "".join(
+            f"<li><b>{f['title']}</b>: <code>{f['change']}</code> ({f.get('why', '')})"
+            + (f"; trade-off: {f['trade_off']['detail']}" if f.get("trade_off") else "")
+            + "</li>"
+            for f in (s["diagnosis"] or {}).get("findings", [])
+        )
+        + "</ul>"
+        for s in stages
+    )
     paths["table_html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"
         f"<h2>Stages</h2>{df.to_html(index=False, na_rep='n/a', float_format=lambda v: f'{v:.4g}')}"
-        f"{_costs_html(costs_md)}{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n")
+        f"{_costs_html(costs_md)}{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n"
+    )
 
     plt = _mpl()
-    for key, fn in (("phases_png", plot_phases), ("utilization_png", plot_utilization),
-                    ("throughput_png", plot_throughput), ("map50_png", plot_map50)):
+    for key, fn in (
+        ("phases_png", plot_phases),
+        ("utilization_png", plot_utilization),
+        ("throughput_png", plot_throughput),
+        ("map50_png", plot_map50),
+    ):
         fig = fn(data)
         fig.savefig(paths[key], dpi=100)
         plt.close(fig)

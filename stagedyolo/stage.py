@@ -29,8 +29,8 @@ from stagedyolo.engine.plan import (
     cpu_budget,
     engine_spec,
     resolve_batch,
-    spec_digest,
     run_outline,
+    spec_digest,
     stage_hyp,
     stage_spec,
     yolov5_options,
@@ -47,8 +47,8 @@ from stagedyolo.launch import (
     run_supervised,
     scaled_lr0,
 )
-from stagedyolo.progress import ProgressRelay
 from stagedyolo.probe.stages import compare_prediction
+from stagedyolo.progress import ProgressRelay
 from stagedyolo.telemetry import Sampler, build_timing, write_timing
 
 # Plan keys that may differ between a killed run and its resumption without changing what is trained: the try, and
@@ -60,9 +60,20 @@ class StageFailed(RuntimeError):
     """A stage failed; the message says why and what to change."""
 
 
-def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: str, cache_mode: str, threads: int,
-               work_dir: Path, probe_choice: dict | None = None, image_store: str | None = None,
-               run_stages: list[dict] | None = None) -> dict:  # fmt: skip
+def build_plan(
+    spec: dict,
+    *,
+    stage: str,
+    data: str,
+    weights: str | None,
+    cfg: str,
+    cache_mode: str,
+    threads: int,
+    work_dir: Path,
+    probe_choice: dict | None = None,
+    image_store: str | None = None,
+    run_stages: list[dict] | None = None,
+) -> dict:
     """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
     with at most one slash to the Hugging Face hub, even when the file exists. ``image_store``: the working copy
     whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode.
@@ -92,8 +103,9 @@ def build_plan(spec: dict, *, stage: str, data: str, weights: str | None, cfg: s
         "torch_threads": torch_threads,
         "freeze": spec["freeze"],
         "optimizer": spec["optimizer"],
-        "hyp": _continued_hyp(stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch),
-                                        spec["hyp"]), continues),
+        "hyp": _continued_hyp(
+            stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch), spec["hyp"]), continues
+        ),
         "nominal_batch": nominal_batch,
         "min_warmup_iters": 0 if continues else min_warmup_iters,
         "continues": continues,
@@ -141,8 +153,19 @@ def _unless_none(value, default):
     return default if value is None else value
 
 
-def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, weights: list[str], probe: list[str],
-                timing_path: str, threads: int, attempt: int, log_path: str) -> dict:  # fmt: skip
+def train_stage(
+    config: dict,
+    stage: str,
+    *,
+    data: str,
+    cache_decision: str,
+    weights: list[str],
+    probe: list[str],
+    timing_path: str,
+    threads: int,
+    attempt: int,
+    log_path: str,
+) -> dict:
     """The train_stage rule: plan the stage from config, run it, publish it into timing_path's folder.
 
     Folders are derived from the output path (R/stages/S/timing.json), so a Snakemake module's prefix applies.
@@ -152,10 +175,18 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
     decision = read_json(Path(cache_decision))
     tuning = read_json(Path(probe[0])) if probe else {}
     spec = stage_spec(config, stage)
-    settings = dict(stage=stage, data=data, weights=weights[0] if weights else None, cfg=config["model"]["cfg"],
-                    cache_mode=decision["mode"], threads=threads, work_dir=Path(run_dir) / "work" / stage,
-                    probe_choice=tuning.get("choice"),
-                    image_store=(decision.get("store") or {}).get("root"), run_stages=run_outline(config))  # fmt: skip
+    settings = dict(
+        stage=stage,
+        data=data,
+        weights=weights[0] if weights else None,
+        cfg=config["model"]["cfg"],
+        cache_mode=decision["mode"],
+        threads=threads,
+        work_dir=Path(run_dir) / "work" / stage,
+        probe_choice=tuning.get("choice"),
+        image_store=(decision.get("store") or {}).get("root"),
+        run_stages=run_outline(config),
+    )
 
     def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
         return build_plan({**spec, **changes}, **settings)
@@ -166,17 +197,39 @@ def train_stage(config: dict, stage: str, *, data: str, cache_decision: str, wei
         if spec.get("tune"):
             from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
 
-            plan, tune = tune_stage(make_plan, tune_dir=tune_dir, log_path=log_path, engine_home=engine_home,
-                                    window=config["tune"], telemetry_interval=config["telemetry"]["interval_s"])  # fmt: skip
-        outcome = run_stage(plan, stage_dir=stage_dir, attempt=attempt, log_path=log_path, engine_home=engine_home,
-                            telemetry_interval=config["telemetry"]["interval_s"], tune=tune,
-                            prediction=(tuning.get("stages") or {}).get(stage))  # fmt: skip
+            plan, tune = tune_stage(
+                make_plan,
+                tune_dir=tune_dir,
+                log_path=log_path,
+                engine_home=engine_home,
+                window=config["tune"],
+                telemetry_interval=config["telemetry"]["interval_s"],
+            )
+        outcome = run_stage(
+            plan,
+            stage_dir=stage_dir,
+            attempt=attempt,
+            log_path=log_path,
+            engine_home=engine_home,
+            telemetry_interval=config["telemetry"]["interval_s"],
+            tune=tune,
+            prediction=(tuning.get("stages") or {}).get(stage),
+        )
         shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
     return outcome
 
 
-def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str | Path, engine_home: str | Path,
-              telemetry_interval: float = 1.0, tune: dict | None = None, prediction: dict | None = None) -> dict:  # fmt: skip
+def run_stage(
+    plan: dict,
+    *,
+    stage_dir: str | Path,
+    attempt: int,
+    log_path: str | Path,
+    engine_home: str | Path,
+    telemetry_interval: float = 1.0,
+    tune: dict | None = None,
+    prediction: dict | None = None,
+) -> dict:
     """Run (or resume) one stage and publish it into `stage_dir`. Returns the outcome; raises StageFailed.
     ``tune``: the record of the tune trials that chose this plan, published with the stage. ``prediction``: the
     probe's predicted steady images/s for this stage (tuning.json `stages`), set beside the measured one.
@@ -186,16 +239,25 @@ def run_stage(plan: dict, *, stage_dir: str | Path, attempt: int, log_path: str 
         ready = _ready_folder(stage_dir, plan)
         if ready.is_dir():  # published by a run killed while it cleaned up: nothing to train again
             with open(log_path, "a") as log:
-                log.write(f"stagedyolo: {ready} is this stage, published by a run stopped while it removed its work "
-                          "folder: it becomes the stage's folder without training again\n")  # fmt: skip
+                log.write(
+                    f"stagedyolo: {ready} is this stage, published by a run stopped while it removed its work "
+                    "folder: it becomes the stage's folder without training again\n"
+                )
             _swap_in(ready, stage_dir, work_dir)
             return {"status": "ok", "message": f"published from {ready.name}"}
-        return _train_and_publish(plan, stage_dir, attempt, log_path, engine_home, telemetry_interval, tune,
-                                  prediction)  # fmt: skip
+        return _train_and_publish(plan, stage_dir, attempt, log_path, engine_home, telemetry_interval, tune, prediction)
 
 
-def _train_and_publish(plan: dict, stage_dir: Path, attempt: int, log_path, engine_home, telemetry_interval: float,
-                       tune: dict | None, prediction: dict | None) -> dict:  # fmt: skip
+def _train_and_publish(
+    plan: dict,
+    stage_dir: Path,
+    attempt: int,
+    log_path,
+    engine_home,
+    telemetry_interval: float,
+    tune: dict | None,
+    prediction: dict | None,
+) -> dict:
     work_dir = Path(plan["work_dir"])
     attempts = _load_attempts(work_dir, plan)
     plan = {**plan, "attempt": attempt, "batch": retry_batch(plan["batch"], attempts)}
@@ -209,8 +271,10 @@ def _train_and_publish(plan: dict, stage_dir: Path, attempt: int, log_path, engi
     started = time.time()
     with open(log_path, "a") as log:
         plan["resume_from"], finished = _prepare_work_dir(work_dir, plan, env, log)
-        log.write(f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
-                  f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n")  # fmt: skip
+        log.write(
+            f"stagedyolo: stage {plan['stage']} attempt {attempt}, batch {plan['batch']}"
+            f"{', resuming ' + plan['resume_from'] if plan['resume_from'] else ''}\n"
+        )
         log.flush()
         if finished:
             returncode, sampler_info = 0, {}
@@ -229,8 +293,16 @@ def _train_and_publish(plan: dict, stage_dir: Path, attempt: int, log_path, engi
         outcome["status"] = "nonfinite"
     elif returncode != 0 and outcome.get("status") == "ok":
         outcome = {**outcome, "status": "error", "message": f"worker exited {returncode}"}
-    attempts.append({"attempt": attempt, "batch": plan["batch"], "status": outcome["status"], "wall_s": round(wall, 3),
-                     "resumed_from": plan["resume_from"] or None, "message": outcome.get("message")})  # fmt: skip
+    attempts.append(
+        {
+            "attempt": attempt,
+            "batch": plan["batch"],
+            "status": outcome["status"],
+            "wall_s": round(wall, 3),
+            "resumed_from": plan["resume_from"] or None,
+            "message": outcome.get("message"),
+        }
+    )
     write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
@@ -247,8 +319,16 @@ def retry_batch(batch: int, attempts: list[dict]) -> int:
     return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
 
 
-def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
-            tune: dict | None = None, prediction: dict | None = None) -> str:  # fmt: skip
+def publish(
+    work_dir: Path,
+    stage_dir: Path,
+    plan: dict,
+    outcome: dict,
+    attempts: list[dict],
+    wall: float,
+    tune: dict | None = None,
+    prediction: dict | None = None,
+) -> str:
     """Publish the finished run: its artefacts, timing report and diagnosis go into a fresh folder beside the stage's
     output folder, which then replaces it, so a rerun's folder never holds the previous run's best.pt, epoch<N>.pt or
     TensorBoard events. Returns the stage's one-line verdict. ``tune``: the tune record (stagedyolo.tune), kept in
@@ -269,34 +349,66 @@ def publish(work_dir: Path, stage_dir: Path, plan: dict, outcome: dict, attempts
     return verdict_line(plan["stage"], findings)
 
 
-def _write_published(folder: Path, work_dir: Path, plan: dict, outcome: dict, attempts: list[dict], wall: float,
-                     tune: dict | None, prediction: dict | None) -> list:  # fmt: skip
+def _write_published(
+    folder: Path,
+    work_dir: Path,
+    plan: dict,
+    outcome: dict,
+    attempts: list[dict],
+    wall: float,
+    tune: dict | None,
+    prediction: dict | None,
+) -> list:
     """Copy the finished run's artefacts into `folder` and write its stage.json, timing and diagnosis."""
     (folder / "weights").mkdir(parents=True)
     # epoch<N>.pt: the save_period checkpoints, kept since the user asked for them
-    for path in [work_dir / "weights" / "last.pt", work_dir / "weights" / "best.pt",
-                 *sorted((work_dir / "weights").glob("epoch*.pt"))]:  # fmt: skip
+    for path in [
+        work_dir / "weights" / "last.pt",
+        work_dir / "weights" / "best.pt",
+        *sorted((work_dir / "weights").glob("epoch*.pt")),
+    ]:
         if path.exists():
             shutil.copy2(path, folder / "weights" / path.name)
-    for path in [work_dir / "results.csv", work_dir / "opt.yaml", work_dir / "hyp.yaml",
-                 handover_path(work_dir / "weights" / "last.pt"),
-                 *work_dir.glob("events.out.tfevents.*"), *work_dir.glob("*.png")]:  # fmt: skip
+    for path in [
+        work_dir / "results.csv",
+        work_dir / "opt.yaml",
+        work_dir / "hyp.yaml",
+        handover_path(work_dir / "weights" / "last.pt"),
+        *work_dir.glob("events.out.tfevents.*"),
+        *work_dir.glob("*.png"),
+    ]:
         if path.exists():
             shutil.copy2(path, folder / path.name)
-    record = {**plan, "amp_used": outcome.get("amp"), "amp_dtype": outcome.get("amp_dtype"),
-              "amp_reason": outcome.get("amp_reason"),
-              "validated_epochs": outcome.get("validated_epochs"), "best_saved_epochs": outcome.get("best_saved_epochs"),
-              "engine_mode": outcome.get("engine_mode"), "patches": outcome.get("patches"),
-              "compile": outcome.get("compile"), "stopped_by": outcome.get("stopped_by"), "attempts": attempts,
-              "continuation": outcome.get("continuation"), "handover_on_stall": outcome.get("handover_on_stall"),
-              "tune": tune}  # fmt: skip
+    record = {
+        **plan,
+        "amp_used": outcome.get("amp"),
+        "amp_dtype": outcome.get("amp_dtype"),
+        "amp_reason": outcome.get("amp_reason"),
+        "validated_epochs": outcome.get("validated_epochs"),
+        "best_saved_epochs": outcome.get("best_saved_epochs"),
+        "engine_mode": outcome.get("engine_mode"),
+        "patches": outcome.get("patches"),
+        "compile": outcome.get("compile"),
+        "stopped_by": outcome.get("stopped_by"),
+        "attempts": attempts,
+        "continuation": outcome.get("continuation"),
+        "handover_on_stall": outcome.get("handover_on_stall"),
+        "tune": tune,
+    }
     write_json(folder / "stage.json", record)
     if (work_dir / "telemetry.csv").exists():
         shutil.copy2(work_dir / "telemetry.csv", folder / "telemetry.csv")
-    timing = build_timing(read_json(work_dir / "timing_raw.json"), telemetry_csv=folder / "telemetry.csv",
-                          wall_s=wall, meta={**timing_meta(plan, outcome, attempts), "tune": tune})  # fmt: skip
-    ran = {**{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
-           "batch": plan["batch"] // plan["gpus"], "amp": outcome.get("amp")}  # fmt: skip
+    timing = build_timing(
+        read_json(work_dir / "timing_raw.json"),
+        telemetry_csv=folder / "telemetry.csv",
+        wall_s=wall,
+        meta={**timing_meta(plan, outcome, attempts), "tune": tune},
+    )
+    ran = {
+        **{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
+        "batch": plan["batch"] // plan["gpus"],
+        "amp": outcome.get("amp"),
+    }
     timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"])
     write_timing(folder, timing)
     findings = diagnose(timing)
@@ -336,17 +448,31 @@ def _swap_in(ready: Path, stage_dir: Path, work_dir: Path) -> None:
 def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
     """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
     return {
-        "stage": plan["stage"], "batch": plan["batch"], "workers": plan["workers"], "amp": outcome.get("amp"),
-        "amp_dtype": outcome.get("amp_dtype"), "amp_reason": outcome.get("amp_reason"),
-        "img": plan["img"], "cache": plan["cache"] or "none", "device": outcome.get("device"),
-        "epochs": plan["epochs"], "attempts": attempts, "threads": plan["torch_threads"], "gpus": plan["gpus"],
-        "val_period": plan["val_period"], "plots": plan["plots"], "nosave": plan["nosave"],
-        "nominal_batch": plan["nominal_batch"], "image_cache": outcome.get("image_cache"),
-        "patience": plan.get("options", {}).get("patience"), "time_budget_s": plan.get("time_budget_s"),
-        "stopped_by": outcome.get("stopped_by"), "handover_on_stall": outcome.get("handover_on_stall"),
+        "stage": plan["stage"],
+        "batch": plan["batch"],
+        "workers": plan["workers"],
+        "amp": outcome.get("amp"),
+        "amp_dtype": outcome.get("amp_dtype"),
+        "amp_reason": outcome.get("amp_reason"),
+        "img": plan["img"],
+        "cache": plan["cache"] or "none",
+        "device": outcome.get("device"),
+        "epochs": plan["epochs"],
+        "attempts": attempts,
+        "threads": plan["torch_threads"],
+        "gpus": plan["gpus"],
+        "val_period": plan["val_period"],
+        "plots": plan["plots"],
+        "nosave": plan["nosave"],
+        "nominal_batch": plan["nominal_batch"],
+        "image_cache": outcome.get("image_cache"),
+        "patience": plan.get("options", {}).get("patience"),
+        "time_budget_s": plan.get("time_budget_s"),
+        "stopped_by": outcome.get("stopped_by"),
+        "handover_on_stall": outcome.get("handover_on_stall"),
         **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
         **outcome.get("sampler", {}),
-    }  # fmt: skip
+    }
 
 
 def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
@@ -374,8 +500,14 @@ def worker_command(plan: dict, plan_path: Path, env: dict) -> tuple[list[str], d
     """The worker's argv and environment: on the GPUs the stage's device names among the visible ones (explicit
     indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable)."""
     gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
-    return build_stage_command(["-m", "stagedyolo.engine.worker", str(plan_path)], gpus, plan["batch"], env=env,
-                               stage=plan["stage"], device=plan["device"])  # fmt: skip
+    return build_stage_command(
+        ["-m", "stagedyolo.engine.worker", str(plan_path)],
+        gpus,
+        plan["batch"],
+        env=env,
+        stage=plan["stage"],
+        device=plan["device"],
+    )
 
 
 @contextlib.contextmanager
@@ -412,8 +544,10 @@ def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str |
             ) from None
         reason = _unusable_checkpoint(last, state, read_json(work_dir / "outcome.json"))
         if reason is None and state["epoch"] == FINISHED_EPOCH:
-            log.write(f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "
-                      "publishing it without training again\n")  # fmt: skip
+            log.write(
+                f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "
+                "publishing it without training again\n"
+            )
             return None, True
         if reason is None:
             (work_dir / "outcome.json").unlink(missing_ok=True)
@@ -438,8 +572,9 @@ def _reason_to_start_over(work_dir: Path, plan: dict) -> str | None:
     if not (work_dir / "weights" / "last.pt").exists():
         return "it has no weights/last.pt (the interrupted run saved no epoch)"
     if _digest(interrupted) != _digest(plan):
-        changed = sorted(key for key in {*interrupted, *plan} - {*RUNTIME_KEYS, "batch"}
-                         if interrupted.get(key) != plan.get(key))  # fmt: skip
+        changed = sorted(
+            key for key in {*interrupted, *plan} - {*RUNTIME_KEYS, "batch"} if interrupted.get(key) != plan.get(key)
+        )
         return f"its run had another plan (changed: {', '.join(changed)})"
     if interrupted["batch"] != plan["batch"]:
         return f"its run had batch {interrupted['batch']}, this try has batch {plan['batch']}"
@@ -497,11 +632,19 @@ def _finished_outcome(outcome: dict) -> dict:
     if outcome.get("status") == "ok":
         return {**outcome, "message": "published from a finished checkpoint"}
     if outcome.get("status"):
-        return {**outcome, "status": "ok",
-                "message": f"published from a finished checkpoint; the attempt that trained it failed after its last "
-                           f"epoch ({outcome['status']}: {outcome.get('message', '')})"}  # fmt: skip
-    return {"status": "ok", "amp": None, "amp_reason": "not recorded: the run was stopped before it reported",
-            "device": None, "message": "published from a finished checkpoint; its timing was not recorded"}  # fmt: skip
+        return {
+            **outcome,
+            "status": "ok",
+            "message": f"published from a finished checkpoint; the attempt that trained it failed after its last "
+            f"epoch ({outcome['status']}: {outcome.get('message', '')})",
+        }
+    return {
+        "status": "ok",
+        "amp": None,
+        "amp_reason": "not recorded: the run was stopped before it reported",
+        "device": None,
+        "message": "published from a finished checkpoint; its timing was not recorded",
+    }
 
 
 def _load_attempts(work_dir: Path, plan: dict) -> list[dict]:

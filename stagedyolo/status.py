@@ -51,7 +51,8 @@ def stage_status(run: Path, stage: str, now: float) -> str:
     if timing:
         record = read_json(published / "stage.json") or {}
         ended = f", ended by {record['stopped_by']}" if record.get("stopped_by") else ""
-        return f"done      {timing['epochs_completed']}/{record.get('epochs', '?')} epochs in {timing['wall_s']:.0f} s{ended}"
+        epochs = f"{timing['epochs_completed']}/{record.get('epochs', '?')}"
+        return f"done      {epochs} epochs in {timing['wall_s']:.0f} s{ended}"
     return "waiting"
 
 
@@ -66,8 +67,10 @@ def _unpublished(work: Path, now: float) -> str:
     progress = read_json(work / PROGRESS_FILE)
     if not stage_alive(work, now):
         last = f"; last: {progress_line(progress)}" if progress else ""
-        return (f"stopped   no process runs it (nothing written for {now - last_written(work):.0f} s){last}; "
-                "run snakemake again to resume it")  # fmt: skip
+        return (
+            f"stopped   no process runs it (nothing written for {now - last_written(work):.0f} s){last}; "
+            "run snakemake again to resume it"
+        )
     if not progress:
         return f"starting{retry}"
     age = now - float(progress.get("updated", now))

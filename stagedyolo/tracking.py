@@ -27,8 +27,17 @@ from stagedyolo.ownership import NotOwnedError, claim, owner_facts, require_owne
 MLFLOW_ENV = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 RUN_DIR_TAG = "stagedyolo_run_dir"
 STAGE_TAG = "stagedyolo_stage"
-STAGE_FILES = ("stage.json", "timing.json", "timing.md", "diagnosis.json", "diagnosis.md", "results.csv",
-               "telemetry.csv", "opt.yaml", "hyp.yaml")  # fmt: skip
+STAGE_FILES = (
+    "stage.json",
+    "timing.json",
+    "timing.md",
+    "diagnosis.json",
+    "diagnosis.md",
+    "results.csv",
+    "telemetry.csv",
+    "opt.yaml",
+    "hyp.yaml",
+)
 PLAN_SKIPPED = ("attempts", "work_dir", "data", "weights")  # paths of this machine and history: artifacts, not params
 
 
@@ -115,15 +124,17 @@ class MLflowTracker:
         self.store = tracking_dir(settings, run_dir)
         self.client = MlflowClient(tracking_uri=self.store.as_uri())
         experiment = self.client.get_experiment_by_name(settings["experiment"])
-        self.experiment_id = (experiment.experiment_id if experiment
-                              else self.client.create_experiment(settings["experiment"]))  # fmt: skip
+        self.experiment_id = (
+            experiment.experiment_id if experiment else self.client.create_experiment(settings["experiment"])
+        )
         self.run_dir = str(Path(run_dir).resolve())
         self.log_weights = settings["log_weights"]
 
     def parent_run(self, name: str) -> str:
         """The pipeline run's MLflow run: the one tagged with this results folder, else a new one."""
-        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.{RUN_DIR_TAG} = '{self.run_dir}'",
-                                        max_results=1)  # fmt: skip
+        found = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.{RUN_DIR_TAG} = '{self.run_dir}'", max_results=1
+        )
         if found:
             return found[0].info.run_id
         return self.client.create_run(self.experiment_id, run_name=name, tags={RUN_DIR_TAG: self.run_dir}).info.run_id
@@ -133,27 +144,36 @@ class MLflowTracker:
         from mlflow.entities import Metric, Param
 
         parent = self.parent_run(run_name)
-        for old in self.client.search_runs([self.experiment_id], filter_string=(
-                f"tags.mlflow.parentRunId = '{parent}' and tags.{STAGE_TAG} = '{stage}'")):  # fmt: skip
+        for old in self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.mlflow.parentRunId = '{parent}' and tags.{STAGE_TAG} = '{stage}'"),
+        ):
             self.client.delete_run(old.info.run_id)
-        run_id = self.client.create_run(self.experiment_id, run_name=stage,
-                                        tags={"mlflow.parentRunId": parent, STAGE_TAG: stage}).info.run_id  # fmt: skip
+        run_id = self.client.create_run(
+            self.experiment_id, run_name=stage, tags={"mlflow.parentRunId": parent, STAGE_TAG: stage}
+        ).info.run_id
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v, step in stage_epoch_metrics(stage_dir)]
         metrics += [Metric(k, v, now, 0) for k, v in stage_summary_metrics(stage_dir).items()]
         params = [Param(k, str(v)) for k, v in stage_params(stage_dir).items()]
         for start in range(0, len(params), 100):  # log_batch takes at most 100 params and 1000 metrics a call
-            self.client.log_batch(run_id, params=params[start:start + 100])
+            self.client.log_batch(run_id, params=params[start : start + 100])
         for start in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[start:start + 1000])
+            self.client.log_batch(run_id, metrics=metrics[start : start + 1000])
         for name in STAGE_FILES:
             if (stage_dir / name).is_file():
                 self.client.log_artifact(run_id, str(stage_dir / name))
         if self.log_weights and (stage_dir / "weights" / "last.pt").is_file():
             self.client.log_artifact(run_id, str(stage_dir / "weights" / "last.pt"), "weights")
         self.client.set_terminated(run_id)
-        return {"backend": "mlflow", "store": str(self.store), "parent_run_id": parent, "run_id": run_id,
-                "metrics": len(metrics), "params": len(params)}  # fmt: skip
+        return {
+            "backend": "mlflow",
+            "store": str(self.store),
+            "parent_run_id": parent,
+            "run_id": run_id,
+            "metrics": len(metrics),
+            "params": len(params),
+        }
 
     def log_run(self, run_name: str, metrics: dict, files: list[Path]) -> dict:
         from mlflow.entities import Metric
@@ -247,15 +267,24 @@ def track_stage_for_rule(stage_dir: str, record_json: str, *, settings: dict, ru
     return _track(f"stage {stage_dir.name}", record_json, settings, log_path, log_stage)
 
 
-def track_run_for_rule(record_json: str, *, test_json: str, export_json: str | None, files: list[str],
-                       settings: dict, run_name: str, log_path: str) -> dict:  # fmt: skip
+def track_run_for_rule(
+    record_json: str,
+    *,
+    test_json: str,
+    export_json: str | None,
+    files: list[str],
+    settings: dict,
+    run_name: str,
+    log_path: str,
+) -> dict:
     """The track_run rule, after every stage is tracked: the test score, the export check and the run's files."""
     run_dir = Path(record_json).parent.parent
 
     def log_run():
         test, export = read_json(test_json), read_json(export_json) if export_json else None
         return BACKENDS[settings["backend"]](settings, run_dir).log_run(
-            run_name, run_summary_metrics(test, export), [Path(f) for f in files if Path(f).is_file()])
+            run_name, run_summary_metrics(test, export), [Path(f) for f in files if Path(f).is_file()]
+        )
 
     return _track(f"run {run_name}", record_json, settings, log_path, log_run)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from stagedyolo.diagnosis import T, candidate_of, diagnose, verdict_line
 from stagedyolo.engine.offline import engine_environment
@@ -38,8 +38,16 @@ MAX_ADVICE_TRIALS = 2
 SETTINGS = ("workers", "torch_threads", "batch", "cache", "amp", "img", "freeze")
 
 
-def tune_stage(make_plan: Callable[[dict], dict], *, tune_dir: Path, log_path, engine_home, window: dict,
-               telemetry_interval: float = 1.0, candidate: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+def tune_stage(
+    make_plan: Callable[[dict], dict],
+    *,
+    tune_dir: Path,
+    log_path,
+    engine_home,
+    window: dict,
+    telemetry_interval: float = 1.0,
+    candidate: dict | None = None,
+) -> tuple[dict, dict]:
     """Return (the plan to train with, the tune record). ``make_plan(changes)`` is the stage's plan with some
     settings changed. ``candidate``: the change to try; None tries the diagnosis's top measurable advice.
     A finished tune of the same plan (a retry after out-of-memory) is reused, not measured again."""
@@ -52,7 +60,9 @@ def tune_stage(make_plan: Callable[[dict], dict], *, tune_dir: Path, log_path, e
 
     started = time.monotonic()
     shutil.rmtree(tune_dir, ignore_errors=True)
-    base = run_trial(baseline_plan, tune_dir / "baseline", "baseline", log_path, engine_home, window, telemetry_interval)
+    base = run_trial(
+        baseline_plan, tune_dir / "baseline", "baseline", log_path, engine_home, window, telemetry_interval
+    )
     advice, candidates = None, [candidate] if candidate else []
     if candidate is None and base["timing"] is not None:
         candidate, advice = top_candidate(base["timing"], baseline_plan["stage"])
@@ -91,21 +101,38 @@ def top_candidate(timing: dict, stage: str) -> tuple[dict | None, dict | None]:
     for f in findings:
         if f.get("candidate"):
             alternatives = [c for c in (candidate_of(change) for change in f.get("also", [])) if c]
-            return dict(f["candidate"]), {"code": f["code"], "change": f["change"], "alternatives": alternatives,
-                                          "verdict": verdict_line(stage, findings)}  # fmt: skip
-    return None, {"code": findings[0]["code"], "change": findings[0]["change"], "verdict": verdict_line(stage, findings)}
+            return dict(f["candidate"]), {
+                "code": f["code"],
+                "change": f["change"],
+                "alternatives": alternatives,
+                "verdict": verdict_line(stage, findings),
+            }
+    return None, {
+        "code": findings[0]["code"],
+        "change": findings[0]["change"],
+        "verdict": verdict_line(stage, findings),
+    }
 
 
 def trial_plan(plan: dict, trial_dir: Path, window: dict) -> dict:
     """The stage's plan, stopped after its measuring window: no validation, no checkpoint, no resume."""
     warmup = max(int(window["warmup_batches"]), PREFETCH_FACTOR * int(plan["workers"]))
-    return {**plan, "epochs": TRIAL_EPOCHS, "val_period": TRIAL_EPOCHS, "nosave": True, "plots": False,
-            "resume_from": None, "attempt": 1, "work_dir": str(Path(trial_dir).resolve()),
-            "trial": {"warmup_batches": warmup, "measure_batches": int(window["measure_batches"])}}  # fmt: skip
+    return {
+        **plan,
+        "epochs": TRIAL_EPOCHS,
+        "val_period": TRIAL_EPOCHS,
+        "nosave": True,
+        "plots": False,
+        "resume_from": None,
+        "attempt": 1,
+        "work_dir": str(Path(trial_dir).resolve()),
+        "trial": {"warmup_batches": warmup, "measure_batches": int(window["measure_batches"])},
+    }
 
 
-def run_trial(plan: dict, trial_dir: Path, name: str, log_path, engine_home, window: dict,
-              telemetry_interval: float) -> dict:  # fmt: skip
+def run_trial(
+    plan: dict, trial_dir: Path, name: str, log_path, engine_home, window: dict, telemetry_interval: float
+) -> dict:
     """Run one trial in its own worker process; returns its settings, steady images/s, status and timing."""
     trial_dir = Path(trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -120,18 +147,32 @@ def run_trial(plan: dict, trial_dir: Path, name: str, log_path, engine_home, win
     wall = time.time() - started
     outcome = read_json(trial_dir / "outcome.json") or {}
     window_result = outcome.get("trial") or {}
-    status = "oom" if returncode == EXIT_OOM else ("ok" if returncode == 0 and window_result.get("images_per_s")
-                                                   else "failed")  # fmt: skip
+    status = (
+        "oom"
+        if returncode == EXIT_OOM
+        else ("ok" if returncode == 0 and window_result.get("images_per_s") else "failed")
+    )
     timing = None
     raw = read_json(trial_dir / "timing_raw.json")
     if raw:
-        timing = build_timing(raw, telemetry_csv=trial_dir / "telemetry.csv", wall_s=wall,
-                              meta=timing_meta(tp, {**outcome, "sampler": sampler}, []))  # fmt: skip
-    return {"name": name, "settings": _settings(plan), "status": status,
-            "images_per_s": window_result.get("images_per_s") if status == "ok" else None,
-            "batches": window_result.get("batches"), "warmup_batches": tp["trial"]["warmup_batches"],
-            "window_s": window_result.get("seconds"), "seconds": round(wall, 3),
-            "data_wait_share": (timing or {}).get("data_wait", {}).get("share"), "timing": timing}  # fmt: skip
+        timing = build_timing(
+            raw,
+            telemetry_csv=trial_dir / "telemetry.csv",
+            wall_s=wall,
+            meta=timing_meta(tp, {**outcome, "sampler": sampler}, []),
+        )
+    return {
+        "name": name,
+        "settings": _settings(plan),
+        "status": status,
+        "images_per_s": window_result.get("images_per_s") if status == "ok" else None,
+        "batches": window_result.get("batches"),
+        "warmup_batches": tp["trial"]["warmup_batches"],
+        "window_s": window_result.get("seconds"),
+        "seconds": round(wall, 3),
+        "data_wait_share": (timing or {}).get("data_wait", {}).get("share"),
+        "timing": timing,
+    }
 
 
 def _record(trials, candidate, advice, kept, window, seconds) -> dict:
@@ -139,9 +180,12 @@ def _record(trials, candidate, advice, kept, window, seconds) -> dict:
     summary = f"baseline {_ips(base)} images/s"
     if len(trials) > 1:
         t = trials[-1]
-        ratio = f" (x{t['images_per_s'] / base['images_per_s']:.2f})" if t["images_per_s"] and base["images_per_s"] else ""
-        summary = (f"tried {_change_text(candidate)}: {_ips(base)} -> {_ips(t)} images/s{ratio}: "
-                   + ("kept" if t["kept"] else f"not kept (needs >= {100 * T('min_measured_gain'):.0f} % faster)"))
+        ratio = (
+            f" (x{t['images_per_s'] / base['images_per_s']:.2f})" if t["images_per_s"] and base["images_per_s"] else ""
+        )
+        summary = f"tried {_change_text(candidate)}: {_ips(base)} -> {_ips(t)} images/s{ratio}: " + (
+            "kept" if t["kept"] else f"not kept (needs >= {100 * T('min_measured_gain'):.0f} % faster)"
+        )
     elif candidate:
         summary += f"; {_change_text(candidate)} is what the stage already runs: nothing to try"
     elif advice and advice.get("change") not in (None, "none"):
@@ -150,10 +194,18 @@ def _record(trials, candidate, advice, kept, window, seconds) -> dict:
         summary += "; no advice to try"
     for t in trials:
         t.pop("timing", None)  # the record stays small; the trial's figures are in the entry
-    return {"window": dict(window), "candidate": candidate, "advice": advice, "trials": trials, "kept": kept,
-            "baseline_images_per_s": base["images_per_s"],
-            "tuned_images_per_s": trials[-1]["images_per_s"] if kept else base["images_per_s"],
-            "min_gain": T("min_measured_gain"), "seconds": round(seconds, 3), "summary": summary}  # fmt: skip
+    return {
+        "window": dict(window),
+        "candidate": candidate,
+        "advice": advice,
+        "trials": trials,
+        "kept": kept,
+        "baseline_images_per_s": base["images_per_s"],
+        "tuned_images_per_s": trials[-1]["images_per_s"] if kept else base["images_per_s"],
+        "min_gain": T("min_measured_gain"),
+        "seconds": round(seconds, 3),
+        "summary": summary,
+    }
 
 
 def _settings(plan: dict) -> dict:

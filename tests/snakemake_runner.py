@@ -21,8 +21,15 @@ def make_workdir(tmp: Path, *configs: str | Path) -> Path:
     return tmp
 
 
-def snakemake(workdir: Path, *args: str, configfiles=(), timeout: int = 900, check: bool = True, net_log=None,
-              env: dict | None = None):  # fmt: skip
+def snakemake(
+    workdir: Path,
+    *args: str,
+    configfiles=(),
+    timeout: int = 900,
+    check: bool = True,
+    net_log=None,
+    env: dict | None = None,
+):
     """Run snakemake on the repo's Snakefile in `workdir`. With `net_log`, every Python process it starts records
     its network attempts there (tests/netguard/sitecustomize.py)."""
     argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]
@@ -34,8 +41,10 @@ def snakemake(workdir: Path, *args: str, configfiles=(), timeout: int = 900, che
         env["STAGEDYOLO_NET_LOG"] = str(net_log)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if check and result.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
-                             f"{result.stderr[-8000:]}")  # fmt: skip
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+            f"{result.stderr[-8000:]}"
+        )
     return result
 
 

@@ -11,8 +11,9 @@ def test_amp_stays_on_when_short_runs_say_it_is_slower():
     # The H200 probe's evidence: 3 and 6 timed steps, AMP 411 vs fp32 591 images/s. Too few steps to turn it off.
     verdict = amp_verdict([run(64, True, 411.0, steps=3), run(64, False, 591.0, steps=6)], cuda=True)
     assert verdict["amp"] is True and "on with CUDA" in verdict["reason"]
-    assert verdict["evidence"] == [{"batch": 64, "amp_images_per_s": 411.0, "fp32_images_per_s": 591.0,
-                                    "amp_steps": 3, "fp32_steps": 6}]  # fmt: skip
+    assert verdict["evidence"] == [
+        {"batch": 64, "amp_images_per_s": 411.0, "fp32_images_per_s": 591.0, "amp_steps": 3, "fp32_steps": 6}
+    ]
 
 
 def test_amp_is_turned_off_only_when_clearly_slower_at_every_batch():

@@ -2,8 +2,8 @@
 
 import pytest
 import yaml
-
 from snakemake_runner import REPO, make_workdir, snakemake
+
 from stagedyolo.config import coerce_cli_strings
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())

@@ -15,18 +15,46 @@ from stagedyolo.stage import build_plan, run_stage
 
 EPOCHS_FIRST = 2
 SPEC = {
-    "epochs": EPOCHS_FIRST, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.004, "optimizer": "AdamW",
-    "hyp": {"lrf": 0.5, "warmup_epochs": 1.0, "mosaic": 0.0}, "cache": "none", "amp": "auto", "device": "cpu",
-    "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False, "nosave": False, "lr_scaling": "none",
-    "nominal_batch": 8, "min_warmup_iters": 0,
-}  # fmt: skip
+    "epochs": EPOCHS_FIRST,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.004,
+    "optimizer": "AdamW",
+    "hyp": {"lrf": 0.5, "warmup_epochs": 1.0, "mosaic": 0.0},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+    "nominal_batch": 8,
+    "min_warmup_iters": 0,
+}
 
 
 def run(tmp_path, data, stage, spec, weights=None):
-    plan = build_plan(spec, stage=stage, data=data, weights=weights, cfg="yolov5n.yaml", cache_mode="none",
-                      threads=2, work_dir=tmp_path / "work" / stage)  # fmt: skip
-    run_stage(plan, stage_dir=tmp_path / "stages" / stage, attempt=1, log_path=tmp_path / f"{stage}.log",
-              engine_home=tmp_path / "engine")  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage=stage,
+        data=data,
+        weights=weights,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=2,
+        work_dir=tmp_path / "work" / stage,
+    )
+    run_stage(
+        plan,
+        stage_dir=tmp_path / "stages" / stage,
+        attempt=1,
+        log_path=tmp_path / f"{stage}.log",
+        engine_home=tmp_path / "engine",
+    )
     return tmp_path / "stages" / stage
 
 
@@ -49,10 +77,20 @@ def chain(tmp_path_factory):
     data = write_demo_dataset(tmp / "data", DemoSpec(TARGET_CLASSES, 16, 8))
     first = run(tmp, data, "first", {**SPEC, "start_from": "model"})
     handover = first / HANDOVER_NAME
-    continued = run(tmp, data, "continued", {**SPEC, "epochs": 1, "start_from": "previous", "continues": True,
-                                              "lr_from_previous": True, "freeze": 10}, weights=handover)  # fmt: skip
-    restarted = run(tmp, data, "restarted", {**SPEC, "epochs": 1, "start_from": "previous_weights"},
-                    weights=first / "weights" / "last.pt")  # fmt: skip
+    continued = run(
+        tmp,
+        data,
+        "continued",
+        {**SPEC, "epochs": 1, "start_from": "previous", "continues": True, "lr_from_previous": True, "freeze": 10},
+        weights=handover,
+    )
+    restarted = run(
+        tmp,
+        data,
+        "restarted",
+        {**SPEC, "epochs": 1, "start_from": "previous_weights"},
+        weights=first / "weights" / "last.pt",
+    )
     return {"first": first, "continued": continued, "restarted": restarted}
 
 

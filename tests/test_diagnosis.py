@@ -3,49 +3,130 @@
 import copy
 import json
 
-
-from stagedyolo.diagnosis import (THRESHOLDS, diagnose, diagnosis_markdown, thresholds_markdown, verdict_line,
-                                  write_diagnosis)
+from stagedyolo.diagnosis import (
+    THRESHOLDS,
+    diagnose,
+    diagnosis_markdown,
+    thresholds_markdown,
+    verdict_line,
+    write_diagnosis,
+)
 from stagedyolo.telemetry.summary import validate_timing
 
 
 def ep(i, train=10.0, dw=0.2, cp=9.6, val=0.5, ckpt=0.2, log=0.1, images=6400, validated=True):
-    return {"epoch": i, "complete": True, "train_s": train, "data_wait_s": dw, "compute_s": cp, "val_s": val,
-            "checkpoint_s": ckpt, "logging_s": log, "other_s": 0.0, "batches": 100, "images": images,
-            "images_per_s": images / train, "it_per_s": 100 / train, "compute_p50_s": cp / 100,
-            "data_wait_p90_s": 0.01, "validated": validated, "saved": True}
+    return {
+        "epoch": i,
+        "complete": True,
+        "train_s": train,
+        "data_wait_s": dw,
+        "compute_s": cp,
+        "val_s": val,
+        "checkpoint_s": ckpt,
+        "logging_s": log,
+        "other_s": 0.0,
+        "batches": 100,
+        "images": images,
+        "images_per_s": images / train,
+        "it_per_s": 100 / train,
+        "compute_p50_s": cp / 100,
+        "data_wait_p90_s": 0.01,
+        "validated": validated,
+        "saved": True,
+    }
 
 
 def stats(p50):
     return {"mean": p50, "p10": p50 * 0.8, "p50": p50, "p90": min(100, p50 * 1.1), "max": 100, "n": 50}
 
 
-def timing(gpu=True, util=92.0, mem=0.6, dws=0.02, feo=1.1, epochs=None, cpu_util=50.0, cores=16, workers=8,
-           batch=64, amp=True, img=640, cache="none", avail=50000.0, total=64000.0, threads=None):
+def timing(
+    gpu=True,
+    util=92.0,
+    mem=0.6,
+    dws=0.02,
+    feo=1.1,
+    epochs=None,
+    cpu_util=50.0,
+    cores=16,
+    workers=8,
+    batch=64,
+    amp=True,
+    img=640,
+    cache="none",
+    avail=50000.0,
+    total=64000.0,
+    threads=None,
+):
     eps = epochs or [ep(i) for i in range(5)]
     dw = sum(e["data_wait_s"] for e in eps)
     cp = sum(e["compute_s"] for e in eps)
     t = {
-        "schema_version": 1, "stage": "fine", "finished": True, "epochs_completed": len(eps), "wall_s": 100.0,
-        "phases": {k: {"s": 100 / 6, "share": 1 / 6} for k in ("setup", "train", "val", "checkpoint", "logging", "other")},
-        "setup_detail": {"imports_s": 5.0, "build_s": 5.0}, "epochs": eps,
-        "throughput": {"steady_images_per_s": 640.0, "steady_it_per_s": 10.0, "steady_epoch_train_s": 10.0,
-                       "basis": "epochs after the first", "steady_epochs": [1, 2, 3, 4],
-                       "rank0_images_scale": 1},
+        "schema_version": 1,
+        "stage": "fine",
+        "finished": True,
+        "epochs_completed": len(eps),
+        "wall_s": 100.0,
+        "phases": {
+            k: {"s": 100 / 6, "share": 1 / 6} for k in ("setup", "train", "val", "checkpoint", "logging", "other")
+        },
+        "setup_detail": {"imports_s": 5.0, "build_s": 5.0},
+        "epochs": eps,
+        "throughput": {
+            "steady_images_per_s": 640.0,
+            "steady_it_per_s": 10.0,
+            "steady_epoch_train_s": 10.0,
+            "basis": "epochs after the first",
+            "steady_epochs": [1, 2, 3, 4],
+            "rank0_images_scale": 1,
+        },
         "data_wait": {"share": dws, "steady_share": dws, "data_wait_s": dw, "compute_s": cp},
-        "first_epoch_overhead": feo, "first_epoch_overhead_reason": None,
-        "gpu": {"available": gpu, "reason": None if gpu else "no NVML: NVMLError_LibraryNotFound", "count": 1 if gpu else 0,
-                "names": [], "window": "train", "util_pct": stats(util) if gpu else None, "per_gpu": [],
-                "torch_peak_allocated_mb": None, "torch_peak_reserved_mb": None, "torch_total_mb": None,
-                "torch_memory_reason": None, "nvml_peak_used_mb": None, "nvml_total_mb": None,
-                "peak_memory_share": mem if gpu else None},
-        "cpu": {"cores": cores, "util_mean_pct": cpu_util, "util_p90_pct": cpu_util, "busy_cores_mean": None,
-                "peak_rss_mb": 3000.0, "ram_total_mb": total, "ram_available_min_mb": avail, "disk_read_mb": None},
-        "config": {"batch": batch, "effective_batch": max(batch, 64), "workers": workers, "amp": amp, "img": img,
-                   "cache": cache, "device": "0" if gpu else "cpu", "epochs": len(eps), "threads": threads,
-                   "gpus": 1 if gpu else 0, "val_period": None, "plots": False},
-        "attempts": [], "telemetry": {"samples": 50, "window_samples": 40, "gpu_status": "ok", "sampler": None},
-        "sync": None, "warnings": [],
+        "first_epoch_overhead": feo,
+        "first_epoch_overhead_reason": None,
+        "gpu": {
+            "available": gpu,
+            "reason": None if gpu else "no NVML: NVMLError_LibraryNotFound",
+            "count": 1 if gpu else 0,
+            "names": [],
+            "window": "train",
+            "util_pct": stats(util) if gpu else None,
+            "per_gpu": [],
+            "torch_peak_allocated_mb": None,
+            "torch_peak_reserved_mb": None,
+            "torch_total_mb": None,
+            "torch_memory_reason": None,
+            "nvml_peak_used_mb": None,
+            "nvml_total_mb": None,
+            "peak_memory_share": mem if gpu else None,
+        },
+        "cpu": {
+            "cores": cores,
+            "util_mean_pct": cpu_util,
+            "util_p90_pct": cpu_util,
+            "busy_cores_mean": None,
+            "peak_rss_mb": 3000.0,
+            "ram_total_mb": total,
+            "ram_available_min_mb": avail,
+            "disk_read_mb": None,
+        },
+        "config": {
+            "batch": batch,
+            "effective_batch": max(batch, 64),
+            "workers": workers,
+            "amp": amp,
+            "img": img,
+            "cache": cache,
+            "device": "0" if gpu else "cpu",
+            "epochs": len(eps),
+            "threads": threads,
+            "gpus": 1 if gpu else 0,
+            "val_period": None,
+            "plots": False,
+        },
+        "attempts": [],
+        "telemetry": {"samples": 50, "window_samples": 40, "gpu_status": "ok", "sampler": None},
+        "sync": None,
+        "warnings": [],
     }
     validate_timing(t)  # the synthetic dicts are real timing.json documents
     return t
@@ -116,8 +197,12 @@ def test_batch_too_small_only_when_measured_faster():
     assert "(verified: probe)" in verdict_line("fine", f)
     slower = diagnose(t, measured={"batch_images_per_s": {16: 600.0, 32: 620.0}, "source": "probe"})
     assert codes(slower) == ["host_bound_step"]  # +3 % is under min_measured_gain
-    t["tune"] = {"trials": [{"name": "baseline", "settings": {"batch": 16}, "images_per_s": 500.0},
-                            {"name": "advice", "settings": {"batch": 64}, "images_per_s": 800.0}]}
+    t["tune"] = {
+        "trials": [
+            {"name": "baseline", "settings": {"batch": 16}, "images_per_s": 500.0},
+            {"name": "advice", "settings": {"batch": 64}, "images_per_s": 800.0},
+        ]
+    }
     f = diagnose(t)
     assert f[0]["change"] == "stages.fine.batch: 64" and f[0]["expected_gain"]["measured_by"] == "tune trial"
 
@@ -126,8 +211,10 @@ def test_memory_headroom_alone_advises_nothing_unmeasured():
     f = diagnose(timing(util=70.0, mem=0.05, batch=32, dws=0.01))
     assert codes(f) == ["healthy"]
     assert any(n["code"] == "batch_too_small" and "tune" in n["reason"] for n in f.not_evaluated)
-    f = diagnose(timing(util=70.0, mem=0.05, batch=32, dws=0.01),
-                 measured={"batch_images_per_s": {32: 100.0, 64: 120.0}, "source": "probe"})
+    f = diagnose(
+        timing(util=70.0, mem=0.05, batch=32, dws=0.01),
+        measured={"batch_images_per_s": {32: 100.0, 64: 120.0}, "source": "probe"},
+    )
     assert codes(f) == ["batch_too_small"] and f[0]["change"] == "stages.fine.batch: 64"
     assert codes(diagnose(timing(util=70.0, mem=0.05, batch=64, dws=0.01))) == ["healthy"]
 
@@ -203,7 +290,7 @@ def test_order_and_verdict_and_files(tmp_path):
 
 def test_thresholds_table_has_sources():
     md = thresholds_markdown()
-    for k, (v, unit, src) in THRESHOLDS.items():
+    for k, (_value, unit, src) in THRESHOLDS.items():
         assert src and unit and f"`{k}`" in md
 
 
@@ -228,8 +315,9 @@ def test_cli_diagnose(tmp_path, capsys):
     (tmp_path / "timing.json").write_text(json.dumps(timing(feo=3.0)))
     assert main(["diagnose", str(tmp_path), "-q"]) == 0
     # "(unverified)": issue 12 labels advice no measurement has verified (no tune trial ran)
-    assert capsys.readouterr().out.strip() == ("[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) "
-                                               "-> stages.fine.cache: ram (unverified)")
+    assert capsys.readouterr().out.strip() == (
+        "[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) -> stages.fine.cache: ram (unverified)"
+    )
     assert main(["diagnose", str(tmp_path), "--json", "--write", "--stage", "s2"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["findings"][0]["change"] == "stages.s2.cache: ram"

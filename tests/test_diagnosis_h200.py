@@ -33,8 +33,9 @@ def b2_like(stage: str, util_p50: float) -> dict:
 
 
 def advises_bigger_batch(findings) -> bool:
-    return any(".batch:" in f["change"] or any(".batch:" in a and "measure" not in a for a in f["also"])
-               for f in findings)
+    return any(
+        ".batch:" in f["change"] or any(".batch:" in a and "measure" not in a for a in f["also"]) for f in findings
+    )
 
 
 LOW_DATA_WAIT = {

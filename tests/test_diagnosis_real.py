@@ -15,8 +15,16 @@ SPEC = {**LOADER_BOUND_SPEC, "epochs": 2, "val_period": 2}
 
 def test_workers_0_with_heavy_augmentation_is_diagnosed_as_data_loading_bound(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 24, 8, image_size=1024))
-    plan = build_plan(SPEC, stage="loader", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
-                      work_dir=tmp_path / "work" / "loader")  # fmt: skip
+    plan = build_plan(
+        SPEC,
+        stage="loader",
+        data=data,
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work" / "loader",
+    )
     run_stage(plan, stage_dir=tmp_path / "loader", attempt=1, log_path=tmp_path / "loader.log", engine_home=tmp_path)
 
     diagnosis = json.loads((tmp_path / "loader" / "diagnosis.json").read_text())

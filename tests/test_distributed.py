@@ -25,8 +25,8 @@ from stagedyolo.launch import (
     build_stage_command,
     free_port,
     run_supervised,
-    supervise,
     scaled_lr0,
+    supervise,
     visible_gpus,
     yolov5_device,
 )
@@ -74,8 +74,8 @@ def test_n_gpus_run_torchrun_on_a_port_the_os_picks(gpus):
     argv, env = build_stage_command(WORKER, gpus, 64, python="/py", env={"OMP_NUM_THREADS": "16"}, ddp_timeout_s=600)
 
     assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
-    assert argv[-len(WORKER):] == WORKER
-    launcher_options = argv[3:-len(WORKER)]
+    assert argv[-len(WORKER) :] == WORKER
+    launcher_options = argv[3 : -len(WORKER)]
     assert _option(launcher_options, "--nproc-per-node") == str(gpus)
     assert _option(launcher_options, "--nnodes") == "1"
     assert _option(launcher_options, "--rdzv-backend") == "c10d"
@@ -123,11 +123,14 @@ def test_yolov5_device_never_names_gpu_ids_that_yolov5_would_write_into_cuda_vis
     assert yolov5_device(1) == yolov5_device(4) == ""
 
 
-@pytest.mark.parametrize(("visible", "device", "gpus", "chosen"), [
-    ("4,5", "1", 1, "5"),  # the second GPU the scheduler gave, not physical GPU 1
-    ("GPU-a,GPU-b,GPU-c", "0,2", 2, "GPU-a,GPU-c"),
-    (None, "1", 1, "1"),  # nothing hidden: the indices are CUDA's own
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("visible", "device", "gpus", "chosen"),
+    [
+        ("4,5", "1", 1, "5"),  # the second GPU the scheduler gave, not physical GPU 1
+        ("GPU-a,GPU-b,GPU-c", "0,2", 2, "GPU-a,GPU-c"),
+        (None, "1", 1, "1"),  # nothing hidden: the indices are CUDA's own
+    ],
+)
 def test_an_explicit_device_picks_among_the_visible_gpus_and_yolov5_is_given_none(visible, device, gpus, chosen):
     from stagedyolo.engine.worker import resolve_device
 
@@ -146,15 +149,18 @@ def test_the_stage_launches_its_worker_on_the_named_visible_gpu(tmp_path, monkey
     assert env["CUDA_VISIBLE_DEVICES"] == "5"
     # What the worker does with it: yolov5's select_device, given the resolved device, keeps the scheduler's GPU.
     monkeypatch.setattr(os, "environ", dict(env))
-    from stagedyolo.engine.worker import resolve_device
     from yolov5.utils.torch_utils import select_device
+
+    from stagedyolo.engine.worker import resolve_device
 
     select_device(resolve_device(plan["device"], cuda_available=True))
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
 
 
 def test_an_explicit_device_the_scheduler_did_not_give_is_rejected():
-    with pytest.raises(LaunchError, match=r"device '2': GPU index 2 is not among the 2 that CUDA_VISIBLE_DEVICES='4,5'"):
+    with pytest.raises(
+        LaunchError, match=r"device '2': GPU index 2 is not among the 2 that CUDA_VISIBLE_DEVICES='4,5'"
+    ):
         build_stage_command(WORKER, 1, 8, env={"CUDA_VISIBLE_DEVICES": "4,5"}, stage="finetune", device="2")
     with pytest.raises(LaunchError, match=r"device '0' names 1 GPU\(s\) but gpus is 2"):
         build_stage_command(WORKER, 2, 8, env={}, stage="finetune", device="0")
@@ -410,7 +416,9 @@ class FakeStage:
         self.pid_dir = pid_dir
         spec = {
             "job": [str(FAKE_JOB), "--pid-dir", str(pid_dir), *job_options],
-            "pid_dir": str(pid_dir), "grace_s": grace_s, "ddp_timeout_s": ddp_timeout_s,
+            "pid_dir": str(pid_dir),
+            "grace_s": grace_s,
+            "ddp_timeout_s": ddp_timeout_s,
         }
         # The result goes to a file, not a pipe: the stage inherits the supervisor's stdout, and a pipe held open
         # by a leftover rank would block reading it.

@@ -46,7 +46,8 @@ def test_nonfinite_guard_stops_training_with_the_documented_message():
 
 
 @pytest.mark.parametrize(
-    ("device", "cuda", "expected"), [("auto", False, "cpu"), ("auto", True, ""), ("cuda", True, ""), ("0,1", True, "0,1")]
+    ("device", "cuda", "expected"),
+    [("auto", False, "cpu"), ("auto", True, ""), ("cuda", True, ""), ("0,1", True, "0,1")],
 )
 def test_resolve_device(device, cuda, expected):
     assert resolve_device(device, cuda) == expected
@@ -55,8 +56,8 @@ def test_resolve_device(device, cuda, expected):
 def test_close_engine_loggers_closes_the_tensorboard_writer_train_py_registered(tmp_path):
     """train.py registers its Loggers' methods as callbacks; the writer they hold is found through them and closed,
     so its events are on disk (and a second close, as when several hooks share the Loggers, does nothing)."""
-    from torch.utils.tensorboard import SummaryWriter
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from torch.utils.tensorboard import SummaryWriter
     from yolov5.utils.callbacks import Callbacks
 
     from stagedyolo.engine.hooks import close_engine_loggers

@@ -23,10 +23,26 @@ from stagedyolo.stage import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {
-    "epochs": 2, "img": 64, "batch": 4, "workers": 0, "freeze": 0, "lr0": 0.01, "optimizer": "SGD", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": True, "lr_scaling": "none", "nominal_batch": 64, "min_warmup_iters": 100,
-}  # fmt: skip
+    "epochs": 2,
+    "img": 64,
+    "batch": 4,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.01,
+    "optimizer": "SGD",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+    "nominal_batch": 64,
+    "min_warmup_iters": 100,
+}
 
 
 def ctx_for(mode="fast", device="cpu", **kw):
@@ -57,24 +73,43 @@ def test_reproducible_applies_no_fast_row_and_fast_on_cpu_only_the_cpu_rows():
     assert not {p.name for p in PATCHES if p.fast_only} & set(reproducible)
     assert set(applied(ctx_for("fast"))) - set(reproducible) == {"foreach_ema", "fused_optimizer"}
     on_cuda = set(applied(ctx_for("fast", device="", compile=True))) - set(reproducible)
-    assert on_cuda == {"sync_every_batches", "nondeterministic", "channels_last", "compile", "foreach_ema",
-                       "fused_optimizer"}  # fmt: skip
+    assert on_cuda == {
+        "sync_every_batches",
+        "nondeterministic",
+        "channels_last",
+        "compile",
+        "foreach_ema",
+        "fused_optimizer",
+    }
     assert "compile" not in applied(ctx_for("fast", device=""))  # its own switch, off by default
     skipped = ctx_for("fast", skip=frozenset({"foreach_ema"}))
     assert "foreach_ema" not in applied(skipped)
     assert skip_reason(PATCHES[[p.name for p in PATCHES].index("channels_last")], ctx_for()) == (
-        "CUDA only: the stage runs on the CPU")
+        "CUDA only: the stage runs on the CPU"
+    )
 
 
 def test_a_stage_engine_mode_overrides_the_run_and_reaches_the_plan(tmp_path):
     from stagedyolo.engine.plan import stage_spec
 
-    config = {"device": "cpu", "engine": {"mode": "fast", "skip_patches": ["fused_optimizer"]},
-              "stage_defaults": {"engine_mode": None}, "stages": {"a": {}, "b": {"engine_mode": "reproducible"}}}  # fmt: skip
+    config = {
+        "device": "cpu",
+        "engine": {"mode": "fast", "skip_patches": ["fused_optimizer"]},
+        "stage_defaults": {"engine_mode": None},
+        "stages": {"a": {}, "b": {"engine_mode": "reproducible"}},
+    }
     assert stage_spec(config, "a")["engine"] == {"mode": "fast", "compile": False, "skip_patches": ["fused_optimizer"]}
     spec = {**SPEC, "engine": stage_spec(config, "b")["engine"]}
-    plan = build_plan(spec, stage="b", data=tmp_path / "d.yaml", weights=None, cfg="yolov5n.yaml", cache_mode="none",
-                      threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage="b",
+        data=tmp_path / "d.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "w",
+    )
     assert plan["engine"]["mode"] == "reproducible"
 
 
@@ -96,7 +131,7 @@ def test_foreach_ema_matches_yolov5s_update_bit_for_bit():
 
     model = _yolov5n()
     plain, fast = ModelEMA(model), patches.foreach_model_ema(ModelEMA, torch)(model)
-    for step in range(3):
+    for _step in range(3):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.01)
@@ -121,15 +156,18 @@ def test_fused_optimizer_keeps_yolov5s_groups_and_hyperparameters():
     for a, b in zip(plain.param_groups, fused.param_groups):
         assert b["fused"] is True
         assert {k: v for k, v in a.items() if k not in ("fused", "foreach")} == {
-            k: v for k, v in b.items() if k not in ("fused", "foreach")}
+            k: v for k, v in b.items() if k not in ("fused", "foreach")
+        }
 
 
 def test_cuda_rows_change_seeding_memory_format_and_compile_through_their_seams():
     calls = []
     cudnn = SimpleNamespace(benchmark=False)
     fake_torch = SimpleNamespace(backends=SimpleNamespace(cudnn=cudnn), channels_last="NHWC")
-    train = SimpleNamespace(init_seeds=lambda seed, deterministic=False: calls.append(("seed", seed, deterministic)),
-                            check_amp=lambda model: calls.append("check_amp") or True)  # fmt: skip
+    train = SimpleNamespace(
+        init_seeds=lambda seed, deterministic=False: calls.append(("seed", seed, deterministic)),
+        check_amp=lambda model: calls.append("check_amp") or True,
+    )
     ctx = ctx_for(device="", compile=True, torch=fake_torch)
     ctx.train = train
     for name in ("nondeterministic", "channels_last", "compile"):
@@ -137,8 +175,9 @@ def test_cuda_rows_change_seeding_memory_format_and_compile_through_their_seams(
     train.init_seeds(7, deterministic=True)
     assert calls == [("seed", 7, False)] and cudnn.benchmark is True
 
-    model = SimpleNamespace(to=lambda memory_format: calls.append(("to", memory_format)),
-                            compile=lambda: calls.append("compile"))  # fmt: skip
+    model = SimpleNamespace(
+        to=lambda memory_format: calls.append(("to", memory_format)), compile=lambda: calls.append("compile")
+    )
     assert train.check_amp(model) is True
     assert calls[1:] == ["check_amp", ("to", "NHWC"), "compile"] and ctx.compile_applied
 
@@ -147,12 +186,25 @@ def _loss_trace(kind: str, plan: dict, tmp_path: Path, name: str) -> list:
     plan = {**plan, "work_dir": str(tmp_path / "work" / name), "attempt": 1, "resume_from": None}
     Path(plan["work_dir"]).mkdir(parents=True)
     write_json(Path(plan["work_dir"]) / "plan.json", plan)
-    env = {**engine_environment(tmp_path / "engine"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **engine_environment(tmp_path / "engine"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "loss_trace.py"), kind,
-                           str(Path(plan["work_dir"]) / "plan.json"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "loss_trace.py"),
+            kind,
+            str(Path(plan["work_dir"]) / "plan.json"),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     steps = json.loads(out.read_text())
     assert len(steps) == 8  # 16 images / batch 4, 2 epochs
@@ -161,9 +213,16 @@ def _loss_trace(kind: str, plan: dict, tmp_path: Path, name: str) -> list:
 
 def test_reproducible_mode_trains_bit_identically_to_yolov5_and_fast_mode_closely(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
-    plan = build_plan({**SPEC, "engine": {"mode": "reproducible", "compile": False, "skip_patches": []}}, stage="s",
-                      data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
-                      work_dir=tmp_path / "unused")  # fmt: skip
+    plan = build_plan(
+        {**SPEC, "engine": {"mode": "reproducible", "compile": False, "skip_patches": []}},
+        stage="s",
+        data=data,
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "unused",
+    )
     bare = _loss_trace("bare", plan, tmp_path, "bare")
     reproducible = _loss_trace("worker", plan, tmp_path, "reproducible")
     assert reproducible == bare  # exact floats, every step
@@ -184,14 +243,20 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     """The CUDA-only sync_every_batches edit included: a train.py it does not fit must fail here, not on a GPU."""
     import importlib.util
 
-    from stagedyolo.engine.train_module import patched_source
-
     import torch
 
     from stagedyolo.engine.continuation import Continuation
+    from stagedyolo.engine.train_module import patched_source
 
-    ctx = EngineContext({"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100}, "", True, None,
-                        amp_dtype="bfloat16", torch=torch, continuation=Continuation(None, "SGD"))  # fmt: skip
+    ctx = EngineContext(
+        {"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100},
+        "",
+        True,
+        None,
+        amp_dtype="bfloat16",
+        torch=torch,
+        continuation=Continuation(None, "SGD"),
+    )
     # the bf16 edit applies with amp: bf16 on a GPU; the continuation edits wherever a worker runs
     for patch in (p for p in PATCHES if p.phase == "source"):
         assert skip_reason(patch, ctx) is None, patch.name
@@ -202,9 +267,14 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     compile(edited, "train.py", "exec")
     assert "if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(" in edited
     assert "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):" in edited
-    assert set(ctx.module_names) == {"_STAGEDYOLO_NOMINAL_BATCH", "_STAGEDYOLO_MIN_WARMUP_ITERS", "_STAGEDYOLO_LOG_EVERY",
-                                     "_STAGEDYOLO_AUTOCAST_DTYPE", "_STAGEDYOLO_CONTINUATION",
-                                     "_STAGEDYOLO_EPOCHS_BEFORE"}  # fmt: skip
+    assert set(ctx.module_names) == {
+        "_STAGEDYOLO_NOMINAL_BATCH",
+        "_STAGEDYOLO_MIN_WARMUP_ITERS",
+        "_STAGEDYOLO_LOG_EVERY",
+        "_STAGEDYOLO_AUTOCAST_DTYPE",
+        "_STAGEDYOLO_CONTINUATION",
+        "_STAGEDYOLO_EPOCHS_BEFORE",
+    }
     assert ctx.module_names["_STAGEDYOLO_AUTOCAST_DTYPE"] is torch.bfloat16
     fp16 = ctx_for(device="")
     fp16.amp = True
@@ -282,8 +352,11 @@ def test_a_deferred_module_answers_what_import_and_inspect_read_without_running(
         print("package:", sys.ran)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["unexecuted: [] True DeferredModule", "used: 7 ['module'] module",
-                                "package: ['module', 'package', 'child']"], out  # fmt: skip
+    assert out.splitlines() == [
+        "unexecuted: [] True DeferredModule",
+        "used: 7 ['module'] module",
+        "package: ['module', 'package', 'child']",
+    ], out
 
 
 def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp_path):
@@ -311,8 +384,9 @@ def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp
         print("stack:", loader, inspect.stack is real_stack)
     """)
     env = engine_environment(tmp_path / "engine")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
     states = [line.split()[1:] for line in out.splitlines() if line.startswith("state:")]  # ultralytics prints too
     assert states == [["DeferredModule"] * 3 + ["False"], ["module"] * 3 + ["True"]], out
     assert "stack: _SourcelessInspectLoader True" in out.splitlines(), out
@@ -368,8 +442,18 @@ def handover_checkpoint(path: Path) -> str:
 
     model = Model(str(yolov5_dir() / "models" / "yolov5n.yaml"), ch=3, nc=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.005)
-    torch.save({"epoch": 1, "best_fitness": 0.1, "model": model.half(), "ema": model, "updates": 8,
-                "optimizer": optimizer.state_dict(), "opt": {"optimizer": "SGD", "imgsz": 64}}, path)  # fmt: skip
+    torch.save(
+        {
+            "epoch": 1,
+            "best_fitness": 0.1,
+            "model": model.half(),
+            "ema": model,
+            "updates": 8,
+            "optimizer": optimizer.state_dict(),
+            "opt": {"optimizer": "SGD", "imgsz": 64},
+        },
+        path,
+    )
     return str(path)
 
 
@@ -381,14 +465,23 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
     stage reads its handover (which unpickles yolov5's model classes) only once the shims are in place."""
     weights = handover_checkpoint(tmp_path / "continue.pt") if continues else None
     spec = {**SPEC, "continues": continues, "lr_from_previous": continues}
-    plan = build_plan(spec, stage="a", data=tmp_path / "d.yaml", weights=weights, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage="a",
+        data=tmp_path / "d.yaml",
+        weights=weights,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "w",
+    )
     write_json(tmp_path / "plan.json", plan)
     # Called from a module imported late, as train.main's module is: inspect has not mapped its file to a module
     # yet, so reading its source would search sys.modules.
     (tmp_path / "first_log_line.py").write_text("def log(print_args):\n    print_args({'epochs': 3})\n")
     script = tmp_path / "stage.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys, torch
         from stagedyolo.engine.worker import load_engine
         engine, patches, amp, taken_up = load_engine(json.load(open(sys.argv[1])), torch)
@@ -399,10 +492,16 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
         print("state:", *deferred, type(general.__loader__).__name__)
         print("rows:", " ".join(row["name"] for row in patches))
         print("lr0:", engine.plan["hyp"]["lr0"], taken_up and taken_up["lr0_source"])
-    """))
+    """)
+    )
     env = engine_environment(tmp_path / "engine")
-    run = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "plan.json")], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script), str(tmp_path / "plan.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     out = run.stdout + run.stderr
     lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:", "lr0:")))
     assert lines["state"] == "DeferredModule DeferredModule DeferredModule _SourcelessInspectLoader", out

@@ -17,7 +17,9 @@ CONFIG = yaml.safe_load(open("config/config.yaml"))
 
 def test_stage_spec_merges_defaults_with_the_stage():
     spec = stage_spec(CONFIG, "finetune")
-    assert spec["img"] == CONFIG["stages"]["finetune"]["img"] and spec["epochs"] == CONFIG["stages"]["finetune"]["epochs"]
+    assert (
+        spec["img"] == CONFIG["stages"]["finetune"]["img"] and spec["epochs"] == CONFIG["stages"]["finetune"]["epochs"]
+    )
     assert spec["lr0"] == CONFIG["stage_defaults"]["lr0"] and spec["optimizer"] == CONFIG["stage_defaults"]["optimizer"]
     assert spec["hyp"] == {**CONFIG["stage_defaults"]["hyp"], **CONFIG["stages"]["finetune"]["hyp"]}  # merged per key
     assert spec["device"] == CONFIG["device"]  # null stage device falls back to the top-level one
@@ -26,8 +28,15 @@ def test_stage_spec_merges_defaults_with_the_stage():
 
 
 def test_a_stage_after_the_first_continues_at_the_handed_over_lr_unless_it_names_its_own():
-    config = {**CONFIG, "stages": {"a": {"start_from": "model"}, "b": {}, "c": {"lr0": 0.0001},
-                                   "d": {"start_from": "previous_weights"}}}  # fmt: skip
+    config = {
+        **CONFIG,
+        "stages": {
+            "a": {"start_from": "model"},
+            "b": {},
+            "c": {"lr0": 0.0001},
+            "d": {"start_from": "previous_weights"},
+        },
+    }
     spec = {stage: stage_spec(config, stage) for stage in config["stages"]}
     assert [spec[s]["continues"] for s in "abcd"] == [False, True, True, False]
     assert [spec[s]["lr_from_previous"] for s in "abcd"] == [False, True, False, False]

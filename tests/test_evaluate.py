@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 
+from stagedyolo.dataset.testing import make_dataset, tree_sha256
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.evaluate import evaluate_for_rule, instance_counts, markdown, per_class
-from stagedyolo.dataset.testing import make_dataset, tree_sha256
 
 
 def test_a_class_absent_from_the_split_has_no_ap():
@@ -18,15 +18,31 @@ def test_a_class_absent_from_the_split_has_no_ap():
     assert [r["instances"] for r in rows] == [3, 0, 1]
     assert rows[0]["ap50"] == 0.9 and rows[0]["ap50_95"] == ap[0].mean() and rows[2]["precision"] == 0.5
     assert rows[1] == {"class": "b", "instances": 0, "precision": None, "recall": None, "ap50": None, "ap50_95": None}
-    table = markdown({"test_split": ["/t"], "weights": "w.pt", "img": 96, "classes": rows,
-                      "all": {"precision": 0.65, "recall": 0.55, "ap50": 0.75, "ap50_95": 0.55}})  # fmt: skip
+    table = markdown(
+        {
+            "test_split": ["/t"],
+            "weights": "w.pt",
+            "img": 96,
+            "classes": rows,
+            "all": {"precision": 0.65, "recall": 0.55, "ap50": 0.75, "ap50_95": 0.55},
+        }
+    )
     assert "| all | 4 | 0.6500 | 0.5500 | 0.7500 | 0.5500 |" in table and "| b | 0 | n/a | n/a | n/a | n/a |" in table
 
 
 def test_without_a_test_split_it_says_so_and_succeeds(tmp_path):
     data = make_dataset(tmp_path / "data")
-    result = evaluate_for_rule("w.pt", str(data), str(tmp_path / "t.json"), str(tmp_path / "t.md"), img=64, batch=8,
-                               device="cpu", threads=1, log_path=str(tmp_path / "log"))  # fmt: skip
+    result = evaluate_for_rule(
+        "w.pt",
+        str(data),
+        str(tmp_path / "t.json"),
+        str(tmp_path / "t.md"),
+        img=64,
+        batch=8,
+        device="cpu",
+        threads=1,
+        log_path=str(tmp_path / "log"),
+    )
     assert result["test_split"] is None and "has no test: split" in result["reason"]
     assert json.loads((tmp_path / "t.json").read_text()) == result
     assert "No test-split score" in (tmp_path / "t.md").read_text()
@@ -54,15 +70,33 @@ def labelled_split(folder, labels: dict) -> list[str]:
 
 def test_when_nothing_is_detected_the_instances_still_count_and_score_zero(tmp_path):
     """val.py calls ap_per_class only when a detection is right: with none, nothing is captured."""
-    split = labelled_split(tmp_path, {"a": "0 0.5 0.5 0.1 0.1\n2 0.2 0.2 0.1 0.1\n", "b": "0 0.3 0.3 0.1 0.1\n\n",
-                                      "c": "", "d": None, "e": "0 0.3 0.3 0.1 0.1\n0 0.3 0.3 0.1 0.1\n"})  # fmt: skip
+    split = labelled_split(
+        tmp_path,
+        {
+            "a": "0 0.5 0.5 0.1 0.1\n2 0.2 0.2 0.1 0.1\n",
+            "b": "0 0.3 0.3 0.1 0.1\n\n",
+            "c": "",
+            "d": None,
+            "e": "0 0.3 0.3 0.1 0.1\n0 0.3 0.3 0.1 0.1\n",
+        },
+    )
     counts = instance_counts(split, 3)
     assert counts == [3, 0, 1]  # e's repeated row counts once, as val.py loads it; c and d have no objects
     rows = per_class(["a", "b", "c"], counts, {})
     assert [(r["instances"], r["ap50"], r["ap50_95"], r["precision"]) for r in rows] == [
-        (3, 0.0, 0.0, 0.0), (0, None, None, None), (1, 0.0, 0.0, 0.0)]  # fmt: skip
-    table = markdown({"test_split": split, "weights": "w.pt", "img": 96, "classes": rows,
-                      "all": {"precision": 0.0, "recall": 0.0, "ap50": 0.0, "ap50_95": 0.0}})  # fmt: skip
+        (3, 0.0, 0.0, 0.0),
+        (0, None, None, None),
+        (1, 0.0, 0.0, 0.0),
+    ]
+    table = markdown(
+        {
+            "test_split": split,
+            "weights": "w.pt",
+            "img": 96,
+            "classes": rows,
+            "all": {"precision": 0.0, "recall": 0.0, "ap50": 0.0, "ap50_95": 0.0},
+        }
+    )
     assert "| all | 4 | 0.0000 |" in table and "| a | 3 | 0.0000 | 0.0000 | 0.0000 | 0.0000 |" in table
     assert instance_counts(split, 1, single_cls=True) == [4]
 

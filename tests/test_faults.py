@@ -11,7 +11,6 @@ import threading
 import time
 
 import psutil
-
 import pytest
 import torch
 
@@ -20,10 +19,24 @@ from stagedyolo.engine.hooks import FaultInjection, NonFiniteLoss, NonFiniteLoss
 from stagedyolo.stage import StageFailed, build_plan, run_stage
 
 SPEC = {
-    "epochs": 2, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 2,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +45,23 @@ def tiny_data(tmp_path_factory):
 
 
 def run(tmp_path, data, attempt, **spec):
-    plan = build_plan({**SPEC, **spec}, stage="s", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none",
-                      threads=1, work_dir=tmp_path / "work" / "s")  # fmt: skip
-    return run_stage(plan, stage_dir=tmp_path / "stages" / "s", attempt=attempt, log_path=tmp_path / "s.log",
-                     engine_home=tmp_path / "engine")  # fmt: skip
+    plan = build_plan(
+        {**SPEC, **spec},
+        stage="s",
+        data=data,
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work" / "s",
+    )
+    return run_stage(
+        plan,
+        stage_dir=tmp_path / "stages" / "s",
+        attempt=attempt,
+        log_path=tmp_path / "s.log",
+        engine_home=tmp_path / "engine",
+    )
 
 
 def test_a_nan_loss_stops_the_stage_within_a_few_iterations(tmp_path, tiny_data, monkeypatch):
@@ -122,21 +148,22 @@ def _raised(function, *args, **kwargs):
     return None
 
 
-def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again(killed_in_final_validation,
-                                                                                 tiny_data):  # fmt: skip
+def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again(killed_in_final_validation, tiny_data):
     tmp_path = killed_in_final_validation
     run(tmp_path, tiny_data, attempt=1)  # a rerun after the kill, as `snakemake` would start it
     log = (tmp_path / "s.log").read_text()
     assert "is a finished run" in log and log.count("Starting training") == 1
     published = tmp_path / "stages" / "s"
-    assert [line.split(",")[0].strip() for line in (published / "results.csv").read_text().splitlines()[1:]] == ["0", "1"]
+    assert [line.split(",")[0].strip() for line in (published / "results.csv").read_text().splitlines()[1:]] == [
+        "0",
+        "1",
+    ]
     assert torch.load(published / "weights" / "last.pt", weights_only=False)["epoch"] == -1
     attempts = json.loads((published / "stage.json").read_text())["attempts"]
     assert [a["status"] for a in attempts] == ["error", "ok"] and "finished checkpoint" in attempts[-1]["message"]
 
 
-def test_a_checkpoint_that_does_not_load_is_wiped_and_the_stage_trains_again(killed_in_final_validation,
-                                                                            tiny_data):  # fmt: skip
+def test_a_checkpoint_that_does_not_load_is_wiped_and_the_stage_trains_again(killed_in_final_validation, tiny_data):
     tmp_path = killed_in_final_validation
     last = tmp_path / "work" / "s" / "weights" / "last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # torn, as a full disk or a bad copy leaves it

@@ -4,8 +4,10 @@ from stagedyolo.fixed_costs import fixed_costs, markdown
 
 
 def stage(name, process_start, train_start, train_end):
-    return {"name": name, "timing": {"clock": {"process_start": process_start, "train_start": train_start,
-                                               "train_end": train_end}}}  # fmt: skip
+    return {
+        "name": name,
+        "timing": {"clock": {"process_start": process_start, "train_start": train_start, "train_end": train_end}},
+    }
 
 
 def test_each_gap_runs_from_the_previous_stages_last_step_to_this_stages_first():

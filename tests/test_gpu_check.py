@@ -18,9 +18,21 @@ from gpu_check import goals, gpu_busy_share  # noqa: E402
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the check would train the 640-px load")
 def test_without_a_gpu_nothing_is_trained_and_the_file_says_why(tmp_path):
     out, data_dir = tmp_path / "gpu_check.json", tmp_path / "det640"
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out),
-                             "--data-dir", str(data_dir), "--workdir", str(tmp_path / "work")],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--out",
+            str(out),
+            "--data-dir",
+            str(data_dir),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 3, result.stderr
     written = json.loads(out.read_text())
     assert written["gpu"] is None and written["gpu_reason"].startswith("no GPU")

@@ -30,8 +30,15 @@ def staged(tmp_path):
 
 
 def decide(staged, tmp_path, sizes):
-    return cache_dataset(str(staged), str(tmp_path / "cache.json"), "ram", 0.3, max(sizes or [128]),
-                         log=lambda *_: None, store_sizes=sizes)  # fmt: skip
+    return cache_dataset(
+        str(staged),
+        str(tmp_path / "cache.json"),
+        "ram",
+        0.3,
+        max(sizes or [128]),
+        log=lambda *_: None,
+        store_sizes=sizes,
+    )
 
 
 def test_cache_dataset_decodes_once_into_the_working_copy_and_keeps_an_up_to_date_store(staged, tmp_path):
@@ -130,8 +137,13 @@ YOLOV5_LOADERS = textwrap.dedent("""
 def run_loaders(staged):
     images = staged_images(str(staged))
     train, val = (os.path.dirname(images[s][0]) for s in ("train", "val"))
-    out = subprocess.run([sys.executable, "-c", YOLOV5_LOADERS, str(staged.parent), train, val], capture_output=True,
-                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", YOLOV5_LOADERS, str(staged.parent), train, val],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -141,7 +153,9 @@ def test_yolov5_ram_cache_served_from_the_store_is_pixel_identical_and_decodes_n
     got = run_loaders(staged)
     assert got["same"] and got["hw"]  # INTER_LINEAR for train, INTER_AREA for the shrunk val images, as yolov5
     assert [(r["split"], r["source"], r["images"], r["decoded"]) for r in got["records"]] == [
-        ("train", "prebuilt", 12, 0), ("val", "prebuilt", 4, 0)]
+        ("train", "prebuilt", 12, 0),
+        ("val", "prebuilt", 4, 0),
+    ]
 
 
 def test_an_image_changed_after_the_store_was_built_is_decoded_in_the_stage(staged, tmp_path):
@@ -154,17 +168,40 @@ def test_an_image_changed_after_the_store_was_built_is_decoded_in_the_stage(stag
 
 
 SPEC = {
-    "epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": {"mosaic": 0.0}, "cache": "ram", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 1,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {"mosaic": 0.0},
+    "cache": "ram",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+}
 
 
 def test_a_stage_set_up_does_not_rebuild_the_cache(staged, tmp_path):
     """Real engine: timing.json's set-up detail says the RAM cache came from the store, with no image decoded."""
     decision = decide(staged, tmp_path, [64])
-    plan = build_plan(SPEC, stage="s", data=str(staged), weights=None, cfg="yolov5n.yaml", cache_mode="ram",
-                      threads=1, work_dir=tmp_path / "work" / "s", image_store=decision["store"]["root"])  # fmt: skip
+    plan = build_plan(
+        SPEC,
+        stage="s",
+        data=str(staged),
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="ram",
+        threads=1,
+        work_dir=tmp_path / "work" / "s",
+        image_store=decision["store"]["root"],
+    )
     run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path)
     sd = json.loads((tmp_path / "s" / "timing.json").read_text())["setup_detail"]
     assert sd["cache_source"] == "prebuilt" and sd["cache_images_decoded"] == 0, sd

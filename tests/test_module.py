@@ -6,27 +6,43 @@ import subprocess
 
 import pytest
 import yaml
-
 from snakemake_runner import REPO, SNAKEMAKE, planned_jobs
 
 EXAMPLE = REPO / "examples" / "another-project"
 TAG = "v0.1.0"
-MODULE_RULES = ["demo_dataset", "verify_env", "demo_pretrain", "prepare_dataset", "cache_dataset", "probe",
-                "train_stage", "evaluate_test", "report", "export"]  # fmt: skip
+MODULE_RULES = [
+    "demo_dataset",
+    "verify_env",
+    "demo_pretrain",
+    "prepare_dataset",
+    "cache_dataset",
+    "probe",
+    "train_stage",
+    "evaluate_test",
+    "report",
+    "export",
+]
 # The example's profile, spelled out: the same triggers with Snakemake's `code` added back.
 ALL_TRIGGERS = ["--rerun-triggers", "mtime", "params", "input", "software-env", "code"]
 
 
 def git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+        check=True,
+        capture_output=True,
+    )
 
 
 def tagged_repo(path):
     """A git repository of this working tree, tagged, plus a later commit that breaks the workflow: a module pinned
     to the tag must not see that commit."""
-    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
-                           capture_output=True, text=True, check=True).stdout.split("\0")  # fmt: skip
+    files = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, files):
         if (REPO / name).is_file():
             (path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +68,9 @@ def project(path, source, stagedyolo_config):
 
 
 def run(project_dir, *args, timeout=120, check=True):
-    result = subprocess.run([SNAKEMAKE, "--cores", "2", *args], cwd=project_dir, capture_output=True, text=True,
-                            timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *args], cwd=project_dir, capture_output=True, text=True, timeout=timeout
+    )
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result
@@ -97,11 +114,15 @@ def tiny_config():
     """The repo's default config with the tiny e2e settings on top, merged the way Snakemake merges configfiles."""
 
     def merge(base, extra):
-        return {k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-                for k, v in {**base, **extra}.items()}  # fmt: skip
+        return {
+            k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+            for k, v in {**base, **extra}.items()
+        }
 
-    config = merge(yaml.safe_load((REPO / "config" / "config.yaml").read_text()),
-                   yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text()))  # fmt: skip
+    config = merge(
+        yaml.safe_load((REPO / "config" / "config.yaml").read_text()),
+        yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text()),
+    )
     return config
 
 

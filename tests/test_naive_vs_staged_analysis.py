@@ -58,10 +58,13 @@ def test_markdown_renders_every_target_and_run():
     staged = _rows((30, 0.75), (45, 0.91))
     runs = _repeat(staged, {5: _rows((20, 0.55)), 10: _rows((40, 0.72))}, _rows((100, 0.2)))
     repeats = [analyse_repeat(runs, img=128)] * 3
-    result = {"machine": {"cores": 2, "cpu_model": "test"}, "repeats": {"demo": 3}, "repeats_planned": 3,
-              "benchmark_wall_s": 60.0,
-              "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summarise(repeats),
-                                    "runs": [runs] * 3}}}  # fmt: skip
+    result = {
+        "machine": {"cores": 2, "cpu_model": "test"},
+        "repeats": {"demo": 3},
+        "repeats_planned": 3,
+        "benchmark_wall_s": 60.0,
+        "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summarise(repeats), "runs": [runs] * 3}},
+    }
     text = "\n".join(markdown(result))
     for target in ("| 0.5 ", "| 0.7 ", "| 0.9 ", f"| {BEST} "):
         assert target in text
@@ -71,16 +74,30 @@ def test_markdown_renders_every_target_and_run():
 def test_the_restart_side_is_compared_with_the_control_and_the_staged_recipe():
     staged = _rows((30, 0.75), (45, 0.91))
     runs = _repeat(staged, {5: _rows((20, 0.55)), 10: _rows((40, 0.72), (60, 0.95))}, _rows((100, 0.2)))
-    runs.append({"side": "restart", "wall_s": 120.0, "rows": _rows((60, 0.6), (90, 0.92)), "load_before": [1.0] * 3,
-                 "load_after": [1.0] * 3})  # fmt: skip
+    runs.append(
+        {
+            "side": "restart",
+            "wall_s": 120.0,
+            "rows": _rows((60, 0.6), (90, 0.92)),
+            "load_before": [1.0] * 3,
+            "load_after": [1.0] * 3,
+        }
+    )
     result = analyse_repeat(runs, img=128)
     assert result["restart_vs_control"]["0.5"]["ratio"] == 60 / 20
     assert result["vs_restart"]["0.9"]["ratio"] == 45 / 90
     assert result["whole_wall_s"]["restart"] == 120.0
     summary = summarise([result] * 3)
     assert summary["vs_restart"]["0.5"]["ratio"]["median"] == 0.5
-    page = "\n".join(markdown({"machine": {"cores": 2, "cpu_model": "cpu"}, "repeats": {"demo": 3},
-                               "repeats_planned": 3, "benchmark_wall_s": 60.0,
-                               "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summary,
-                                                     "runs": [runs]}}}))  # fmt: skip
+    page = "\n".join(
+        markdown(
+            {
+                "machine": {"cores": 2, "cpu_model": "cpu"},
+                "repeats": {"demo": 3},
+                "repeats_planned": 3,
+                "benchmark_wall_s": 60.0,
+                "datasets": {"demo": {"eval_img": 128, "budgets": [5, 10], "summary": summary, "runs": [runs]}},
+            }
+        )
+    )
     assert "ratio staged / restart" in page and "| restart |" in page

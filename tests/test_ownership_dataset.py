@@ -20,8 +20,14 @@ from stagedyolo.ownership import MARKER, TMP_PREFIX, locked, temp_path
 def prepare(source, scratch, run):
     """The prepare_dataset rule for the run folder `run`, with cache.dir = scratch; returns the run's data.yaml."""
     data = run / "data" / "data.yaml"
-    prepare_dataset(str(source), str(scratch), str(data), str(run / "data" / "r.json"), str(run / "data" / "r.md"),
-                    log=lambda *_: None)  # fmt: skip
+    prepare_dataset(
+        str(source),
+        str(scratch),
+        str(data),
+        str(run / "data" / "r.json"),
+        str(run / "data" / "r.md"),
+        log=lambda *_: None,
+    )
     return data
 
 

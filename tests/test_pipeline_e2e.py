@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from snakemake_runner import REPO, make_workdir, planned_jobs, snakemake
+
 from stagedyolo.telemetry import validate_timing
 
 pytestmark = pytest.mark.e2e
@@ -80,7 +80,10 @@ def test_every_stage_reports_the_probes_prediction_beside_its_measured_steady_ra
     assert request["planned_train_images"] == (1 + 2 + 2 + 1) * 32  # every stage's epochs x the training images
     # smoke and finetune train alike (64 px, nothing frozen), frozen and highres differ: three loops were measured
     assert sorted(sorted(group["stages"]) for group in tuning["measurements"]["stages"]) == [
-        ["finetune", "smoke"], ["frozen"], ["highres"]]  # fmt: skip
+        ["finetune", "smoke"],
+        ["frozen"],
+        ["highres"],
+    ]
     for stage, epochs in zip(STAGES, (1, 2, 2, 1)):
         timing = json.loads((run / "stages" / stage / "timing.json").read_text())
         prediction = timing["prediction"]
@@ -148,8 +151,9 @@ def test_the_console_shows_every_epoch_and_status_reads_the_finished_run(tiny_ru
     for stage, epochs in zip(STAGES, (1, 2, 2, 1)):
         for epoch in range(1, epochs + 1):
             assert f"[{stage}] epoch {epoch}/{epochs}  " in console, stage
-    status = subprocess.run([sys.executable, "-m", "stagedyolo.cli", "status", str(run)], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "stagedyolo.cli", "status", str(run)], capture_output=True, text=True, check=True
+    ).stdout
     assert [line.split()[:2] for line in status.splitlines()[1:]] == [[stage, "done"] for stage in STAGES]
 
 
@@ -167,8 +171,15 @@ def test_a_finished_run_plans_nothing(tiny_run):
 def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
     workdir, _, _ = tiny_run
     result = snakemake(workdir, "-n", "--config", "stages={finetune: {epochs: 3}}", configfiles=configs(workdir))
-    assert planned_jobs(result.stdout) == {"train_stage": 2, "evaluate_test": 1, "export": 1, "report": 1,
-                                           "track_stage": 2, "track_run": 1, "all": 1}, result.stdout[-3000:]  # fmt: skip
+    assert planned_jobs(result.stdout) == {
+        "train_stage": 2,
+        "evaluate_test": 1,
+        "export": 1,
+        "report": 1,
+        "track_stage": 2,
+        "track_run": 1,
+        "all": 1,
+    }, result.stdout[-3000:]
     assert "stage=finetune" in result.stdout and "stage=highres" in result.stdout
 
 
@@ -218,8 +229,12 @@ def test_the_onnx_export_gives_pytorchs_boxes_on_a_test_image(tiny_run):
 def test_the_test_split_is_scored_per_class_and_reported(tiny_run):
     _, run, _ = tiny_run
     metrics = json.loads((run / "test" / "test_metrics.json").read_text())
-    labels = [line.split()[0] for f in (run / "demo" / "target" / "labels" / "test").glob("*.txt")
-              for line in f.read_text().splitlines() if line.strip()]  # fmt: skip
+    labels = [
+        line.split()[0]
+        for f in (run / "demo" / "target" / "labels" / "test").glob("*.txt")
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
     assert len(list((run / "demo" / "target" / "images" / "test").glob("*.jpg"))) == 8
     assert [c["class"] for c in metrics["classes"]] == ["circle", "square", "triangle"]
     assert [c["instances"] for c in metrics["classes"]] == [labels.count(str(k)) for k in range(3)]

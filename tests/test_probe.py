@@ -1,7 +1,6 @@
 """The probe: the pipeline model and choosing rule on synthetic measurements, then one real run on a tiny demo."""
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -9,13 +8,17 @@ import pytest
 import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.probe import choose, combine, predicted_images_per_s, probe_for_rule
-from stagedyolo.probe.rule import plan_request
 from stagedyolo.engine.plan import probe_stage_specs
-from stagedyolo.probe import child
-from stagedyolo.probe.child import (MODEL_WARMUP_STEPS, PREFETCH_PER_WORKER, SEEN_SHAPE_WARMUP_STEPS, WarmShapes,
-                                    model_runs_for)
+from stagedyolo.probe import child, choose, combine, predicted_images_per_s, probe_for_rule
+from stagedyolo.probe.child import (
+    MODEL_WARMUP_STEPS,
+    PREFETCH_PER_WORKER,
+    SEEN_SHAPE_WARMUP_STEPS,
+    WarmShapes,
+    model_runs_for,
+)
 from stagedyolo.probe.reuse import reuse_key
+from stagedyolo.probe.rule import plan_request
 from stagedyolo.probe.steady import MIN_TIMED_STEPS
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
@@ -26,8 +29,14 @@ def loader(workers, images_per_s, threads):
 
 
 def model(batch, images_per_s, threads=1, amp=False, peak=None, status="ok"):
-    return {"batch": batch, "amp": amp, "torch_threads": threads, "images_per_s": images_per_s,
-            "peak_memory_bytes": peak, "status": status}  # fmt: skip
+    return {
+        "batch": batch,
+        "amp": amp,
+        "torch_threads": threads,
+        "images_per_s": images_per_s,
+        "peak_memory_bytes": peak,
+        "status": status,
+    }
 
 
 def test_zero_workers_load_then_compute_in_series():
@@ -48,35 +57,54 @@ def test_oversubscribed_cores_cap_the_prediction_on_cpu_only():
 
 
 def test_cpu_candidates_use_the_model_run_at_the_threads_their_workers_leave():
-    candidates = combine([loader(0, 100.0, 2), loader(1, 100.0, 1)], [model(8, 30.0, 2), model(8, 50.0, 1)],
-                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    candidates = combine(
+        [loader(0, 100.0, 2), loader(1, 100.0, 1)],
+        [model(8, 30.0, 2), model(8, 50.0, 1)],
+        cores=2,
+        shares_cpu=True,
+        memory_limit_bytes=None,
+    )
     by_workers = {c["workers"]: c for c in candidates}
     assert len(candidates) == 2
     assert by_workers[0]["model_images_per_s"] == 30.0 and by_workers[1]["model_images_per_s"] == 50.0
 
 
 def test_the_choice_is_the_argmax_of_the_predicted_throughput():
-    candidates = combine([loader(0, 200.0, 2), loader(1, 60.0, 1)],
-                         [model(8, 40.0, 2), model(16, 50.0, 2), model(8, 45.0, 1), model(16, 80.0, 1)],
-                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    candidates = combine(
+        [loader(0, 200.0, 2), loader(1, 60.0, 1)],
+        [model(8, 40.0, 2), model(16, 50.0, 2), model(8, 45.0, 1), model(16, 80.0, 1)],
+        cores=2,
+        shares_cpu=True,
+        memory_limit_bytes=None,
+    )
     best = max(candidates, key=lambda c: c["predicted_images_per_s"])
     assert (best["workers"], best["batch"]) == (1, 16)  # min(60, 80) = 60 beats 1/(1/200 + 1/50) = 40
     assert choose(candidates) == {"workers": 1, "batch": 16, "amp": False}
 
 
 def test_within_three_percent_the_smaller_batch_wins():
-    candidates = combine([loader(1, 1000.0, 1)], [model(8, 98.0), model(16, 100.0), model(32, 101.0)],
-                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    candidates = combine(
+        [loader(1, 1000.0, 1)],
+        [model(8, 98.0), model(16, 100.0), model(32, 101.0)],
+        cores=2,
+        shares_cpu=True,
+        memory_limit_bytes=None,
+    )
     assert choose(candidates)["batch"] == 8
-    candidates = combine([loader(1, 1000.0, 1)], [model(8, 96.0), model(16, 100.0)],
-                         cores=2, shares_cpu=True, memory_limit_bytes=None)  # fmt: skip
+    candidates = combine(
+        [loader(1, 1000.0, 1)], [model(8, 96.0), model(16, 100.0)], cores=2, shares_cpu=True, memory_limit_bytes=None
+    )
     assert choose(candidates)["batch"] == 16  # 4 % slower is not a tie
 
 
 def test_the_memory_cap_and_failed_runs_exclude_candidates_on_cuda():
     gib = 1 << 30
-    runs = [model(16, 500.0, amp=True, peak=4 * gib), model(32, 900.0, amp=True, peak=30 * gib),
-            model(64, 0.0, amp=True, status="oom"), model(32, 700.0, amp=False, peak=None)]  # fmt: skip
+    runs = [
+        model(16, 500.0, amp=True, peak=4 * gib),
+        model(32, 900.0, amp=True, peak=30 * gib),
+        model(64, 0.0, amp=True, status="oom"),
+        model(32, 700.0, amp=False, peak=None),
+    ]
     candidates = combine([loader(2, 5000.0, 14)], runs, cores=16, shares_cpu=False, memory_limit_bytes=20 * gib)
     assert len(candidates) == 4
     excluded = {(c["batch"], c["amp"]): c["excluded_because"] for c in candidates if not c["usable"]}
@@ -86,8 +114,9 @@ def test_the_memory_cap_and_failed_runs_exclude_candidates_on_cuda():
 
 
 def test_nothing_usable_means_no_choice():
-    candidates = combine([loader(1, 10.0, 1)], [model(8, 0.0, status="oom")], cores=2, shares_cpu=True,
-                         memory_limit_bytes=None)  # fmt: skip
+    candidates = combine(
+        [loader(1, 10.0, 1)], [model(8, 0.0, status="oom")], cores=2, shares_cpu=True, memory_limit_bytes=None
+    )
     assert choose(candidates) == {}
 
 
@@ -99,14 +128,35 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
     # Every run is steady at its first two timed steps (halves that agree within 100 %): the test stays short, and a
     # budget of a minute measures every candidate.
-    settings = {**CONFIG["probe"], "seconds_per_candidate": 5, "min_steps": 2, "stable_within": 1.0, "workers": [0, 1],
-                "batch": [2, 4], "budget_s": 60}  # fmt: skip
-    config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": "auto"},
-              "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}}}
+    settings = {
+        **CONFIG["probe"],
+        "seconds_per_candidate": 5,
+        "min_steps": 2,
+        "stable_within": 1.0,
+        "workers": [0, 1],
+        "batch": [2, 4],
+        "budget_s": 60,
+    }
+    config = {
+        **CONFIG,
+        "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": "auto"},
+        "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}},
+    }
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
-    run = dict(cache_decision=str(tmp_path / "cache.json"), weights=[], tuning_out=str(tuning_out), settings=settings,
-               stage_defaults=config["stage_defaults"], cfg="yolov5n.yaml", device="cpu", img=64, threads=2,
-               log_path=str(tmp_path / "probe.log"), stages=probe_stage_specs(config), planned_epochs=3)
+    run = dict(
+        cache_decision=str(tmp_path / "cache.json"),
+        weights=[],
+        tuning_out=str(tuning_out),
+        settings=settings,
+        stage_defaults=config["stage_defaults"],
+        cfg="yolov5n.yaml",
+        device="cpu",
+        img=64,
+        threads=2,
+        log_path=str(tmp_path / "probe.log"),
+        stages=probe_stage_specs(config),
+        planned_epochs=3,
+    )
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -122,8 +172,10 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     # A step shape's first run warms up in full, later runs at it for one step (the stages all run shapes the
     # model runs ran: image size 64, batch 2 or 4); loader workers add their prefetched batches.
     assert [r["warmup_steps"] for r in model_runs] == [MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS] * 2
-    assert all(r["warmup_steps"] == SEEN_SHAPE_WARMUP_STEPS + PREFETCH_PER_WORKER * r["workers"]
-               for r in tuning["measurements"]["stages"])  # fmt: skip
+    assert all(
+        r["warmup_steps"] == SEEN_SHAPE_WARMUP_STEPS + PREFETCH_PER_WORKER * r["workers"]
+        for r in tuning["measurements"]["stages"]
+    )
     assert sorted((c["workers"], c["batch"]) for c in tuning["candidates"]) == [(0, 2), (0, 4), (1, 2), (1, 4)]
     assert tuning["choice"] == choose(tuning["candidates"])
 
@@ -177,40 +229,82 @@ def fake_runs(monkeypatch, step_s: float) -> list[str]:
 
     monkeypatch.setattr(child, "measure_model_run", lambda model, request, run, *rest: timed("model", run, 40.0))
     monkeypatch.setattr(child, "measure_loader_run", lambda load, request, run, *rest: timed("loader", run, 900.0))
-    monkeypatch.setattr(child, "measure_stage_run",
-                        lambda load, model, request, group, *rest: timed("stage", group, 50.0))  # fmt: skip
+    monkeypatch.setattr(
+        child, "measure_stage_run", lambda load, model, request, group, *rest: timed("stage", group, 50.0)
+    )
     return ran
 
 
 def cpu_request(seconds_left: float) -> dict:
     """Two cores, workers 0/1/2 (0 leaves compute 2 threads, 1 and 2 leave 1), batch 16, one stage, auto workers."""
-    stage = {"img": 128, "freeze": 0, "batch": 16, "workers": "auto", "amp": "auto", "gpus": 1, "nominal_batch": 16,
-             "hyp": {}, "engine": {}}  # fmt: skip
-    return {"choose": True, "batches": [16], "thread_counts": [2, 1], "min_steps": 10, "img": 128, "threads": 2,
-            "cores": 2, "loader_runs": [{"workers": w, "torch_threads": t} for w, t in ((0, 2), (1, 1), (2, 1))],
-            "stages": {"a": stage}, "budget_s": 15, "deadline_unix": time.time() + seconds_left,
-            "max_memory_fraction": 0.85}  # fmt: skip
+    stage = {
+        "img": 128,
+        "freeze": 0,
+        "batch": 16,
+        "workers": "auto",
+        "amp": "auto",
+        "gpus": 1,
+        "nominal_batch": 16,
+        "hyp": {},
+        "engine": {},
+    }
+    return {
+        "choose": True,
+        "batches": [16],
+        "thread_counts": [2, 1],
+        "min_steps": 10,
+        "img": 128,
+        "threads": 2,
+        "cores": 2,
+        "loader_runs": [{"workers": w, "torch_threads": t} for w, t in ((0, 2), (1, 1), (2, 1))],
+        "stages": {"a": stage},
+        "budget_s": 15,
+        "deadline_unix": time.time() + seconds_left,
+        "max_memory_fraction": 0.85,
+    }
 
 
 def test_a_candidate_run_that_would_leave_the_stage_loops_too_little_time_is_not_measured(monkeypatch):
     """The 2-core demo in the machine's slow state: after 7-9 s of imports, timing the model at 1 thread too
     (3 steps at 2x the 2-thread step) would leave the stage loops less than their warm-up and two steps each."""
     ran = fake_runs(monkeypatch, step_s=0.4)  # least time of a stage loop: 4 steps = 1.6 s
-    measured = child.measure_all(cpu_request(seconds_left=2.0), None, None, 32, None, None, cuda=False,
-                                 bf16_supported=None, gpu_total_memory_bytes=None)  # fmt: skip
+    measured = child.measure_all(
+        cpu_request(seconds_left=2.0),
+        None,
+        None,
+        32,
+        None,
+        None,
+        cuda=False,
+        bf16_supported=None,
+        gpu_total_memory_bytes=None,
+    )
     assert ran == ["model", "loader", "stage"]  # the 1-thread model run and its loader runs were not
     skipped = [r for r in measured["model"] + measured["loader"] if r.get("status") == "skipped"]
     assert [(r["workers"] if "workers" in r else "model", r["torch_threads"]) for r in skipped] == [
-        ("model", 1), (1, 1), (2, 1)]  # fmt: skip
+        ("model", 1),
+        (1, 1),
+        (2, 1),
+    ]
     assert all(r["images_per_s"] is None and r["message"].startswith("not measured: ") for r in skipped)
     unusable = [c for c in measured["candidates"] if not c["usable"]]
-    assert sorted(c["workers"] for c in unusable) == [1, 2] and all("not measured" in c["excluded_because"]
-                                                                     for c in unusable)  # fmt: skip
+    assert sorted(c["workers"] for c in unusable) == [1, 2] and all(
+        "not measured" in c["excluded_because"] for c in unusable
+    )
     assert measured["choice"]["workers"] == 0 and len(measured["stage_runs"]) == 1
 
     ran.clear()  # with the time, every candidate is measured
-    measured = child.measure_all(cpu_request(seconds_left=60.0), None, None, 32, None, None, cuda=False,
-                                 bf16_supported=None, gpu_total_memory_bytes=None)  # fmt: skip
+    measured = child.measure_all(
+        cpu_request(seconds_left=60.0),
+        None,
+        None,
+        32,
+        None,
+        None,
+        cuda=False,
+        bf16_supported=None,
+        gpu_total_memory_bytes=None,
+    )
     assert ran == ["model", "model", "loader", "loader", "loader", "stage"]
     assert all(c["usable"] for c in measured["candidates"])
 
@@ -219,8 +313,15 @@ def test_auto_workers_are_measured_at_the_cores_the_probe_may_use(tmp_path, monk
     """On the 16-core H200 box a fixed [0, 1, 2] could not find the 8-12 workers a 640-px mosaic load needed."""
     monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 16)
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 4, 2, image_size=64))
-    plan = dict(cache_mode="ram", weights=[], stage_defaults=CONFIG["stage_defaults"], cfg="yolov5n.yaml", device="",
-                img=64, work=tmp_path)  # fmt: skip
+    plan = dict(
+        cache_mode="ram",
+        weights=[],
+        stage_defaults=CONFIG["stage_defaults"],
+        cfg="yolov5n.yaml",
+        device="",
+        img=64,
+        work=tmp_path,
+    )
     request = plan_request(str(data), settings={**CONFIG["probe"], "workers": "auto"}, threads=16, **plan)
     runs = [(r["workers"], r["torch_threads"]) for r in request["loader_runs"]]
     assert runs == [(0, 16), (4, 12), (8, 8), (12, 4)]  # each candidate leaves compute the rest of the 16 cores
@@ -232,11 +333,19 @@ def test_model_runs_on_cuda_time_amp_on_and_off_once_per_batch_and_on_cpu_every_
     request = {"batches": [8, 16], "thread_counts": [2, 1], "min_steps": 10}
     cuda_runs = model_runs_for(request, cuda=True)
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cuda_runs) == [
-        (8, False, 1), (8, True, 1), (16, False, 1), (16, True, 1)]  # fmt: skip
+        (8, False, 1),
+        (8, True, 1),
+        (16, False, 1),
+        (16, True, 1),
+    ]
     assert all(r["min_steps"] == 20 for r in cuda_runs)  # the AMP policy's evidence: >= 20 steps per side
     cpu_runs = model_runs_for(request, cuda=False)
     assert sorted((r["batch"], r["amp"], r["torch_threads"]) for r in cpu_runs) == [
-        (8, False, 1), (8, False, 2), (16, False, 1), (16, False, 2)]  # fmt: skip
+        (8, False, 1),
+        (8, False, 2),
+        (16, False, 1),
+        (16, False, 2),
+    ]
     assert all(r["min_steps"] == 10 for r in cpu_runs)
 
 
@@ -248,7 +357,9 @@ def test_a_prediction_is_compared_with_steady_epochs_only_and_names_settings_tha
     steady = {"basis": "epochs after the first", "steady_images_per_s": 45.0}
     compared = compare_prediction(prediction, settings, steady)
     assert (compared["ratio"], compared["within_tolerance"], compared["settings_differ"]) == (0.75, True, {})
-    assert compare_prediction(prediction, settings, {**steady, "steady_images_per_s": 44.0})["within_tolerance"] is False
+    assert (
+        compare_prediction(prediction, settings, {**steady, "steady_images_per_s": 44.0})["within_tolerance"] is False
+    )
     one_epoch = compare_prediction(prediction, settings, {"basis": "the only epoch", "steady_images_per_s": 30.0})
     assert one_epoch["ratio"] is None and "warm-up" in one_epoch["reason"]  # a first epoch is not steady
     tuned = compare_prediction(prediction, {**settings, "workers": 1}, steady)  # a tune trial kept workers 1
@@ -260,8 +371,10 @@ def test_on_cuda_the_choice_keeps_amp_on_unless_clearly_slower_and_says_why():
     from stagedyolo.probe.choice import decide
 
     request = {"max_memory_fraction": 0.85, "cores": 16}
-    runs = [{**model(64, 591.0, amp=False, peak=1 << 30), "steps": 6},  # the H200's short-window evidence
-            {**model(64, 411.0, amp=True, peak=1 << 30), "steps": 3}]  # fmt: skip
+    runs = [
+        {**model(64, 591.0, amp=False, peak=1 << 30), "steps": 6},  # the H200's short-window evidence
+        {**model(64, 411.0, amp=True, peak=1 << 30), "steps": 3},
+    ]
     decision = decide(request, [loader(8, 5000.0, 8)], runs, cuda=True, gpu_total_memory_bytes=80 << 30)
     assert decision["choice"]["amp"] is True and "on with CUDA" in decision["choice"]["amp_reason"]
     slower = [{**r, "steps": 40} for r in runs]  # the same figures over 40 steps each: AMP is off, with the figures

@@ -9,7 +9,6 @@ import json
 import os
 
 import pytest
-
 from snakemake_runner import make_workdir, snakemake
 
 pytestmark = [
@@ -22,8 +21,14 @@ pytestmark = [
 def test_every_demo_stage_with_a_steady_epoch_runs_within_25_percent_of_its_prediction(tmp_path):
     workdir = make_workdir(tmp_path)
     (workdir / "fresh_probe.yaml").write_text("probe:\n  reuse: false\n")  # measure, even if an earlier run did
-    snakemake(workdir, "results/demo/stages/highres/timing.json", "--resources", "gpu=1",
-              configfiles=[workdir / "fresh_probe.yaml"], timeout=1200)  # fmt: skip
+    snakemake(
+        workdir,
+        "results/demo/stages/highres/timing.json",
+        "--resources",
+        "gpu=1",
+        configfiles=[workdir / "fresh_probe.yaml"],
+        timeout=1200,
+    )
     checked = {}
     for stage in ("smoke", "frozen", "finetune", "highres"):
         prediction = json.loads((workdir / "results/demo/stages" / stage / "timing.json").read_text())["prediction"]

@@ -22,8 +22,9 @@ class ScriptedSteps:
 
 def test_warm_up_is_not_timed_and_a_steady_run_stops_at_min_steps():
     steps = ScriptedSteps([5.0, 5.0] + [0.1] * 100)  # two slow warm-up steps (worker start, autotuning)
-    result = time_steady(steps.step, warmup_steps=2, min_steps=10, stable_within=0.05, max_seconds=60,
-                         clock=steps.clock)  # fmt: skip
+    result = time_steady(
+        steps.step, warmup_steps=2, min_steps=10, stable_within=0.05, max_seconds=60, clock=steps.clock
+    )
     assert result["steps"] == 10 and result["stable"] is True
     assert abs(result["images_per_s"] - 100.0) < 1e-6 and abs(result["warmup_s"] - 10.0) < 1e-9
 
@@ -31,23 +32,28 @@ def test_warm_up_is_not_timed_and_a_steady_run_stops_at_min_steps():
 def test_a_run_that_is_still_speeding_up_keeps_going_until_its_halves_agree():
     durations = [0.4, 0.3, 0.2, 0.15] + [0.1] * 200  # queued batches, then the steady rate
     steps = ScriptedSteps(durations)
-    result = time_steady(steps.step, warmup_steps=0, min_steps=4, stable_within=0.05, max_seconds=60,
-                         clock=steps.clock)  # fmt: skip
+    result = time_steady(steps.step, warmup_steps=0, min_steps=4, stable_within=0.05, max_seconds=60, clock=steps.clock)
     assert result["stable"] is True and result["steps"] == 4 and result["settling_steps"] > 0
     assert abs(result["images_per_s"] - 100.0) < 1e-6  # the settling steps are not in the figure
 
 
 def test_an_unsteady_run_ends_at_its_budget_and_says_so():
     steps = ScriptedSteps(0.1 * 1.1**k for k in itertools.count())  # slowing down all the time (e.g. throttling)
-    result = time_steady(steps.step, warmup_steps=0, min_steps=4, stable_within=0.01, max_seconds=5,
-                         clock=steps.clock)  # fmt: skip
+    result = time_steady(steps.step, warmup_steps=0, min_steps=4, stable_within=0.01, max_seconds=5, clock=steps.clock)
     assert result["settling_s"] + result["seconds"] >= 5 and result["stable"] is False and result["steps"] == 4
 
 
 def test_enough_ends_a_run_early_after_min_steps():
     steps = ScriptedSteps(itertools.cycle([0.01, 0.05]))  # never steady within 1 %
-    result = time_steady(steps.step, warmup_steps=0, min_steps=6, stable_within=0.001, max_seconds=60,
-                         enough=lambda images, seconds: images / seconds > 100, clock=steps.clock)  # fmt: skip
+    result = time_steady(
+        steps.step,
+        warmup_steps=0,
+        min_steps=6,
+        stable_within=0.001,
+        max_seconds=60,
+        enough=lambda images, seconds: images / seconds > 100,
+        clock=steps.clock,
+    )
     assert result["stopped_early"] is True and result["steps"] == 6
 
 
@@ -59,21 +65,24 @@ def test_halves_agree():
 
 def test_a_deadline_ends_the_timed_part_after_the_full_warm_up_and_says_so():
     steps = ScriptedSteps([2.0, 2.0] + [0.1 * 1.1**k for k in range(100)])  # never steady
-    result = time_steady(steps.step, warmup_steps=2, min_steps=10, stable_within=0.01, max_seconds=60,
-                         deadline=3.0, clock=steps.clock)  # fmt: skip
+    result = time_steady(
+        steps.step, warmup_steps=2, min_steps=10, stable_within=0.01, max_seconds=60, deadline=3.0, clock=steps.clock
+    )
     # The deadline passed during the warm-up, which still ran in full; then the fewest steps a figure needs.
     assert result["warmup_s"] == 4.0 and result["steps"] == MIN_TIMED_STEPS and result["cut_by_budget"] is True
     assert abs(result["images_per_s"] - 20 / (0.1 + 0.11)) < 1e-3
     steps = ScriptedSteps([0.1] * 100)
-    result = time_steady(steps.step, warmup_steps=0, min_steps=10, stable_within=0.05, max_seconds=60,
-                         deadline=99.0, clock=steps.clock)  # fmt: skip
+    result = time_steady(
+        steps.step, warmup_steps=0, min_steps=10, stable_within=0.05, max_seconds=60, deadline=99.0, clock=steps.clock
+    )
     assert result["cut_by_budget"] is False and result["stable"] is True and result["steps"] == 10
 
 
 def test_a_step_that_would_end_past_the_deadline_is_not_started():
     steps = ScriptedSteps([1.0] * 100)
-    result = time_steady(steps.step, warmup_steps=0, min_steps=10, stable_within=0.0, max_seconds=60,
-                         deadline=3.5, clock=steps.clock)  # fmt: skip
+    result = time_steady(
+        steps.step, warmup_steps=0, min_steps=10, stable_within=0.0, max_seconds=60, deadline=3.5, clock=steps.clock
+    )
     # After three steps (3.0 s) a fourth would end at 4.0 s, past 3.5 s: the run ends within its budget.
     assert result["steps"] == 3 and steps.now == 3.0 and result["cut_by_budget"] is True
 
@@ -106,8 +115,7 @@ def test_the_budget_grows_to_a_share_of_the_planned_training_at_the_fastest_rate
     short = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=1000, clock=lambda: now[0])
     short.note_rate(100.0)  # 10 s of training: a 0.5 s share, less than the 15 s
     assert short.deadline == 15.0
-    budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=3_600_000,
-                             clock=lambda: now[0])  # fmt: skip
+    budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=3_600_000, clock=lambda: now[0])
     budget.note_rate(None)  # a failed run: no rate, no change
     assert budget.deadline == 15.0
     budget.note_rate(1000.0)  # an hour of training: 180 s

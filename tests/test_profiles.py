@@ -13,16 +13,12 @@ import sys
 
 import pytest
 import yaml
-
 from snakemake_runner import REPO, make_workdir, planned_jobs
 
 STUBS = REPO / "tests" / "stubs"
 # Two stages, so that one SLURM submission asks for 1 GPU and the next for 2 (the rule's per-stage gpu resource
 # must survive the profile's set-resources). It replaces the default recipe (a --configfile would merge into it).
-CLUSTER_STAGES = {
-    "one": {"epochs": 1, "start_from": "model"},
-    "two": {"epochs": 1, "gpus": 2, "batch": 16},
-}
+CLUSTER_STAGES = {"one": {"epochs": 1, "start_from": "model"}, "two": {"epochs": 1, "gpus": 2, "batch": 16}}
 GPU_RULES = {"train_stage", "demo_pretrain", "probe"}
 LOCAL_RULES = {"verify_env", "report", "all"}
 
@@ -48,8 +44,16 @@ main()
 
 def run_snakemake(workdir, *args, env=None, timeout=120):
     """Snakemake on the repo's Snakefile in `workdir`, with no --cores of ours (the profiles decide)."""
-    argv = [sys.executable, "-c", SNAKEMAKE_WITHOUT_SBATCH_PAUSE, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-            *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        SNAKEMAKE_WITHOUT_SBATCH_PAUSE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        *args,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -70,8 +74,10 @@ def dry_run_jobs(dry_run_output: str) -> dict[str, dict[str, str]]:
 
 def planned_outputs(jobs: dict[str, dict[str, str]]) -> dict[str, list[str]]:
     """What each job must leave behind for Snakemake to call it done: its outputs and its benchmark file."""
-    return {key: [f.strip() for field in ("output", "benchmark") if field in job for f in job[field].split(",")]
-            for key, job in jobs.items()}  # fmt: skip
+    return {
+        key: [f.strip() for field in ("output", "benchmark") if field in job for f in job[field].split(",")]
+        for key, job in jobs.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +97,17 @@ def slurm_run(tmp_path_factory):
         "SLURM_STUB_PYTHON": sys.executable,
     }
     # Poll every second instead of the plugin's 40 s: the stub's jobs are done when sbatch returns.
-    real = run_snakemake(workdir, *profile, "--slurm-init-seconds-before-status-checks", "1",
-                         "--seconds-between-status-checks", "1", "--latency-wait", "1", env=env)  # fmt: skip
+    real = run_snakemake(
+        workdir,
+        *profile,
+        "--slurm-init-seconds-before-status-checks",
+        "1",
+        "--seconds-between-status-checks",
+        "1",
+        "--latency-wait",
+        "1",
+        env=env,
+    )
     calls = [json.loads(line) for line in (workdir / "slurm_calls.jsonl").read_text().splitlines()]
     return workdir, dry, real, jobs, calls
 
@@ -110,9 +125,18 @@ def submissions(calls) -> dict[str, list[str]]:
 def test_the_slurm_profile_plans_the_whole_pipeline(slurm_run):
     _, dry, _, jobs, _ = slurm_run
     assert planned_jobs(dry.stdout + dry.stderr) == {
-        "demo_dataset": 1, "verify_env": 1, "demo_pretrain": 1, "prepare_dataset": 1, "cache_dataset": 1,
-        "probe": 1, "train_stage": 2, "evaluate_test": 1, "report": 1, "export": 1, "all": 1,
-    }  # fmt: skip
+        "demo_dataset": 1,
+        "verify_env": 1,
+        "demo_pretrain": 1,
+        "prepare_dataset": 1,
+        "cache_dataset": 1,
+        "probe": 1,
+        "train_stage": 2,
+        "evaluate_test": 1,
+        "report": 1,
+        "export": 1,
+        "all": 1,
+    }
     assert "train_stage:stage=two" in jobs and jobs["train_stage:stage=two"]
 
 
@@ -169,8 +193,14 @@ def test_the_kubernetes_profile_dry_runs_with_local_storage(tmp_path):
     profile = yaml.safe_load((REPO / "profiles" / "kubernetes" / "profile.yaml").read_text())
     assert profile["executor"] == "kubernetes" and profile["default-storage-provider"] == "fs"
     # The profile's storage prefix is a cluster volume; a dry run here points the fs plugin at a temp folder.
-    result = run_snakemake(workdir, "--workflow-profile", str(REPO / "profiles" / "kubernetes"), "-n",
-                           *KUBERNETES_STORAGE, str(tmp_path / "storage"))  # fmt: skip
+    result = run_snakemake(
+        workdir,
+        "--workflow-profile",
+        str(REPO / "profiles" / "kubernetes"),
+        "-n",
+        *KUBERNETES_STORAGE,
+        str(tmp_path / "storage"),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     jobs = dry_run_jobs(result.stdout + result.stderr)
     for job, gpus in {"train_stage:stage=one": 1, "train_stage:stage=two": 2, "probe:": 1, "demo_pretrain:": 1}.items():

@@ -7,20 +7,33 @@ import math
 import pytest
 
 from stagedyolo.diagnosis import diagnose, write_diagnosis
-from stagedyolo.report import FILES, build_report, plot_map50, plot_phases, plot_throughput, series, collect
+from stagedyolo.report import FILES, build_report, collect, plot_map50, plot_phases, plot_throughput, series
 from stagedyolo.telemetry import build_timing, write_timing
 
-COLS = ["epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
-        "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss", "x/lr0", "x/lr1",
-        "x/lr2"]
+COLS = [
+    "epoch",
+    "train/box_loss",
+    "train/obj_loss",
+    "train/cls_loss",
+    "metrics/precision",
+    "metrics/recall",
+    "metrics/mAP_0.5",
+    "metrics/mAP_0.5:0.95",
+    "val/box_loss",
+    "val/obj_loss",
+    "val/cls_loss",
+    "x/lr0",
+    "x/lr1",
+    "x/lr2",
+]
 
 
 def write_results(path, map50s):
     """yolov5's format: every field padded to 20 characters."""
-    lines = [",".join("%20s" % c for c in COLS)]
+    lines = [",".join(f"{c:>20}" for c in COLS)]
     for i, m in enumerate(map50s):
         vals = [i, 0.1, 0.05, 0.02, 0.5, 0.4, m, m / 2 if m == m else m, 0.1, 0.05, 0.02, 0.01, 0.01, 0.01]
-        lines.append(",".join("%20.5g" % v for v in vals))
+        lines.append(",".join(f"{v:20.5g}" for v in vals))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -29,15 +42,58 @@ def make_stage(d, name, ips, map50s, gpu_util=None):
     eps = []
     for i, v in enumerate(ips):
         train = 320 / v
-        eps.append({"epoch": i, "complete": True, "validated": True, "saved": True, "batches": 20, "images": 320,
-                    "train_s": train, "data_wait_s": 0.1 * train, "compute_s": 0.9 * train, "val_s": 1.0,
-                    "logging_s": 0.1, "checkpoint_s": 0.2, "batch_logging_s": 0.0, "tail_s": 0.0, "gap_before_s": 0.0})
-    raw = {"setup_s": 12.0, "train_start_unix": 1000.0, "train_end_unix": 1100.0, "finished": True, "epochs": eps,
-           "final": {"val_s": 1.0, "checkpoint_s": 0.1, "logging_s": 0.5}, "memory": {"reason": "device is not CUDA"}}
-    cols = ["timestamp", "elapsed_s", "gpu_status"] + (
-        ["gpu0_util_pct", "gpu0_mem_used_mb", "gpu0_mem_total_mb", "gpu0_power_w", "gpu0_temp_c", "gpu0_sm_clock_mhz"]
-        if gpu_util else []) + ["cpu0_pct", "cpu_mean_pct", "rss_tree_mb", "ram_available_mb", "ram_total_mb",
-                                "disk_read_bytes", "disk_read_mb_s"]
+        eps.append(
+            {
+                "epoch": i,
+                "complete": True,
+                "validated": True,
+                "saved": True,
+                "batches": 20,
+                "images": 320,
+                "train_s": train,
+                "data_wait_s": 0.1 * train,
+                "compute_s": 0.9 * train,
+                "val_s": 1.0,
+                "logging_s": 0.1,
+                "checkpoint_s": 0.2,
+                "batch_logging_s": 0.0,
+                "tail_s": 0.0,
+                "gap_before_s": 0.0,
+            }
+        )
+    raw = {
+        "setup_s": 12.0,
+        "train_start_unix": 1000.0,
+        "train_end_unix": 1100.0,
+        "finished": True,
+        "epochs": eps,
+        "final": {"val_s": 1.0, "checkpoint_s": 0.1, "logging_s": 0.5},
+        "memory": {"reason": "device is not CUDA"},
+    }
+    cols = (
+        ["timestamp", "elapsed_s", "gpu_status"]
+        + (
+            [
+                "gpu0_util_pct",
+                "gpu0_mem_used_mb",
+                "gpu0_mem_total_mb",
+                "gpu0_power_w",
+                "gpu0_temp_c",
+                "gpu0_sm_clock_mhz",
+            ]
+            if gpu_util
+            else []
+        )
+        + [
+            "cpu0_pct",
+            "cpu_mean_pct",
+            "rss_tree_mb",
+            "ram_available_mb",
+            "ram_total_mb",
+            "disk_read_bytes",
+            "disk_read_mb_s",
+        ]
+    )
     cpu = [10.0 * (i % 10) for i in range(12)]
     with open(d / "telemetry.csv", "w", newline="") as fh:
         w = csv.writer(fh)
@@ -45,8 +101,12 @@ def make_stage(d, name, ips, map50s, gpu_util=None):
         for i, c in enumerate(cpu):
             g = [gpu_util[i], 1000, 80000, 200, 50, 1900] if gpu_util else []
             w.writerow([1000 + i, i, "ok" if gpu_util else "no NVML: x"] + g + [c, c, 500, 9000, 16000, 0, ""])
-    t = build_timing(raw, d / "telemetry.csv", wall_s=60.0,
-                     meta={"stage": name, "batch": 16, "workers": 2, "img": 128, "cache": "none", "epochs": len(ips)})
+    t = build_timing(
+        raw,
+        d / "telemetry.csv",
+        wall_s=60.0,
+        meta={"stage": name, "batch": 16, "workers": 2, "img": 128, "cache": "none", "epochs": len(ips)},
+    )
     write_timing(d, t)
     write_diagnosis(d, diagnose(t))
     write_results(d / "results.csv", map50s)
@@ -106,7 +166,7 @@ def test_figures_draw_the_series(two_stages):
     n = len(dirs)
     heights = [p.get_height() for p in ax.patches]  # phase-major: 6 phases x n stages
     for i, k in enumerate(data["phase_names"]):
-        assert heights[i * n:(i + 1) * n] == pytest.approx([ta["phases"][k]["s"], tb["phases"][k]["s"]], abs=1e-3)
+        assert heights[i * n : (i + 1) * n] == pytest.approx([ta["phases"][k]["s"], tb["phases"][k]["s"]], abs=1e-3)
     lines = plot_map50(data).axes[0].get_lines()
     drawn = {ln.get_label(): list(ln.get_ydata()) for ln in lines if not ln.get_label().startswith("_")}
     assert drawn["frozen"] == pytest.approx([0.1, 0.3]) and drawn["unfrozen"] == pytest.approx([0.35, 0.42])
@@ -122,8 +182,11 @@ def test_tensorboard_scalars(two_stages):
     ea = EventAccumulator(str(paths["tensorboard"]))
     ea.Reload()
     tags = set(ea.Tags()["scalars"])
-    assert {"throughput/images_per_s/frozen", "utilization/unfrozen/gpu0_util_pct",
-            "utilization/frozen/cpu_mean_pct"} <= tags
+    assert {
+        "throughput/images_per_s/frozen",
+        "utilization/unfrozen/gpu0_util_pct",
+        "utilization/frozen/cpu_mean_pct",
+    } <= tags
     assert "utilization/frozen/gpu0_util_pct" not in tags
     thr = [(e.step, e.value) for e in ea.Scalars("throughput/images_per_s/unfrozen")]
     assert thr == [(3, pytest.approx(30.0, abs=1e-3)), (4, pytest.approx(35.0, abs=1e-3))]
@@ -146,8 +209,9 @@ def test_build_report_for_rule(two_stages, tmp_path):
     dirs, _, _, _ = two_stages
     out = tmp_path / "rep" / "summary.md"
     log = tmp_path / "logs" / "report.log"
-    paths = build_report_for_rule([dirs["frozen"] / "timing.json", dirs["unfrozen"] / "timing.json"],
-                                  summary_md=out, log_path=log)
+    paths = build_report_for_rule(
+        [dirs["frozen"] / "timing.json", dirs["unfrozen"] / "timing.json"], summary_md=out, log_path=log
+    )
     assert paths["table_md"] == out and out.exists() and (out.parent / "map50.png").exists()
     rows = list(csv.DictReader(open(paths["table_csv"])))
     assert [r["stage"] for r in rows] == ["a", "b"]  # folder names, in the given order
@@ -157,10 +221,19 @@ def test_build_report_for_rule(two_stages, tmp_path):
 def test_the_report_shows_the_test_split_table(two_stages, tmp_path):
     dirs = two_stages[0]
     metrics = tmp_path / "test_metrics.json"
-    metrics.write_text(json.dumps({"test_split": ["/data/test"], "weights": "last.pt", "img": 160,
-                                   "all": {"precision": 0.9, "recall": 0.8, "ap50": 0.95, "ap50_95": 0.7},
-                                   "classes": [{"class": "circle", "instances": 5, "precision": 0.9, "recall": 0.8,
-                                                "ap50": 0.95, "ap50_95": 0.7}]}))  # fmt: skip
+    metrics.write_text(
+        json.dumps(
+            {
+                "test_split": ["/data/test"],
+                "weights": "last.pt",
+                "img": 160,
+                "all": {"precision": 0.9, "recall": 0.8, "ap50": 0.95, "ap50_95": 0.7},
+                "classes": [
+                    {"class": "circle", "instances": 5, "precision": 0.9, "recall": 0.8, "ap50": 0.95, "ap50_95": 0.7}
+                ],
+            }
+        )
+    )
     paths = build_report(dirs, tmp_path / "report", test_metrics=metrics)
     summary = paths["table_md"].read_text()
     assert "## Test split" in summary and "| circle | 5 | 0.9000 | 0.8000 | 0.9500 | 0.7000 |" in summary
@@ -174,9 +247,13 @@ def test_the_report_shows_the_test_split_table(two_stages, tmp_path):
 def test_a_finding_that_changes_what_is_trained_says_so_in_the_report():
     from stagedyolo.report import _diagnoses_md
 
-    finding = {"title": "Data-loading bound", "change": "stages.s.img: 96", "why": "CPUs are saturated",
-               "also": [], "trade_off": {"summary": "changes what is trained",
-                                         "detail": "trains and detects at a lower resolution"}}
+    finding = {
+        "title": "Data-loading bound",
+        "change": "stages.s.img: 96",
+        "why": "CPUs are saturated",
+        "also": [],
+        "trade_off": {"summary": "changes what is trained", "detail": "trains and detects at a lower resolution"},
+    }
     plain = {**finding, "change": "stages.s.workers: 4", "trade_off": None}
     md = _diagnoses_md([{"name": "s", "diagnosis": {"verdict": "v", "findings": [finding, plain]}}])
     assert md.count("trade-off:") == 1 and "  - trade-off: trains and detects at a lower resolution" in md

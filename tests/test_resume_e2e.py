@@ -9,7 +9,6 @@ import time
 
 import psutil
 import pytest
-
 from snakemake_runner import REPO, SNAKEMAKE, make_workdir, snakemake
 
 pytestmark = pytest.mark.e2e
@@ -39,11 +38,22 @@ def wait_for_checkpoint(work, process, timeout=600) -> None:
 
 def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
     workdir = make_workdir(tmp_path, REPO / "tests" / "configs" / "tiny.yaml")
-    (workdir / "resume.yaml").write_text("stages:\n  finetune:\n    epochs: 4\nprobe:\n  enabled: false\n"
-                                         "export:\n  enabled: false\n")  # the tiny pipeline test checks the export
+    (workdir / "resume.yaml").write_text(
+        "stages:\n  finetune:\n    epochs: 4\nprobe:\n  enabled: false\nexport:\n  enabled: false\n"
+    )  # the tiny pipeline test checks the export
     configs = [workdir / "tiny.yaml", workdir / "resume.yaml"]
     run = workdir / "results" / "tiny"
-    argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", "--configfile", *map(str, configs)]
+    argv = [
+        SNAKEMAKE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--cores",
+        "2",
+        "--configfile",
+        *map(str, configs),
+    ]
     # Each batch sleeps a little, so an epoch lasts long enough to kill the tree between two epochs.
     env = {**os.environ, "STAGEDYOLO_TEST_FAULT": "sleep@0.3"}
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -66,7 +76,9 @@ def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
     assert {s: (run / "stages" / s / "timing.json").stat().st_mtime_ns for s in finished} == finished
     log = (run / "logs" / "stages" / "finetune.log").read_text()
     assert "resuming" in log and "Resuming training from" in log
-    epochs = [int(line.split(",")[0]) for line in (run / "stages" / "finetune" / "results.csv").read_text().splitlines()[1:]]
+    epochs = [
+        int(line.split(",")[0]) for line in (run / "stages" / "finetune" / "results.csv").read_text().splitlines()[1:]
+    ]
     assert epochs == [0, 1, 2, 3]  # continued, not restarted (a restart would not say "Resuming")
     attempts = json.loads((run / "stages" / "finetune" / "stage.json").read_text())["attempts"]
     assert attempts[-1]["resumed_from"] and attempts[-1]["status"] == "ok"
@@ -83,8 +95,19 @@ def test_a_kill_during_the_final_validation_still_finishes_the_run(tmp_path):
     target = "results/tiny/stages/smoke/timing.json"
     # What smoke needs first, without the fault: demo_pretrain trains through yolov5 too.
     snakemake(workdir, "results/tiny/demo/pretrained.pt", "results/tiny/data/cache.json", configfiles=configs)
-    argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", "--configfile",
-            *map(str, configs), "--", target]  # fmt: skip
+    argv = [
+        SNAKEMAKE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--cores",
+        "2",
+        "--configfile",
+        *map(str, configs),
+        "--",
+        target,
+    ]
     env = {**os.environ, "STAGEDYOLO_TEST_FAULT": "stall@final_val"}
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = run / "logs" / "stages" / "smoke.log"

@@ -16,15 +16,24 @@ WRITERS = 2
 
 def run_together(code: str, *args) -> list[subprocess.CompletedProcess]:
     """WRITERS Python processes running ``code`` at the same time; their results once all ended."""
-    processes = [subprocess.Popen([sys.executable, "-c", code, *map(str, args), str(k)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for k in range(WRITERS)]  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *map(str, args), str(k)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(WRITERS)
+    ]
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()) for p in processes]
 
 
 def test_two_processes_writing_one_json_file_both_succeed_and_leave_one_whole_file(tmp_path):
     target = tmp_path / "cache" / "key.json"
-    code = ("import sys\nfrom stagedyolo.jsonio import write_json\n"
-            "for i in range(400):\n    write_json(sys.argv[1], {'writer': sys.argv[2], 'i': i, 'pad': 'x' * 4000})\n")
+    code = (
+        "import sys\nfrom stagedyolo.jsonio import write_json\n"
+        "for i in range(400):\n    write_json(sys.argv[1], {'writer': sys.argv[2], 'i': i, 'pad': 'x' * 4000})\n"
+    )
     results = run_together(code, target)
     assert [r.returncode for r in results] == [0] * WRITERS, [r.stderr[-2000:] for r in results]
     assert json.loads(target.read_text())["i"] == 399
@@ -32,11 +41,13 @@ def test_two_processes_writing_one_json_file_both_succeed_and_leave_one_whole_fi
 
 
 def test_two_processes_preparing_one_engine_folder_both_succeed(tmp_path):
-    code = ("import sys\nfrom pathlib import Path\nfrom stagedyolo.engine.offline import prepare_config_dir\n"
-            "for i in range(150):\n"
-            "    for name in ('Arial.ttf', 'Arial.Unicode.ttf'):\n"
-            "        (Path(sys.argv[1]) / name).unlink(missing_ok=True)\n"
-            "    prepare_config_dir(sys.argv[1])\n")  # fmt: skip
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom stagedyolo.engine.offline import prepare_config_dir\n"
+        "for i in range(150):\n"
+        "    for name in ('Arial.ttf', 'Arial.Unicode.ttf'):\n"
+        "        (Path(sys.argv[1]) / name).unlink(missing_ok=True)\n"
+        "    prepare_config_dir(sys.argv[1])\n"
+    )
     results = run_together(code, tmp_path / "engine")
     assert [r.returncode for r in results] == [0] * WRITERS, [r.stderr[-2000:] for r in results]
     assert sorted(p.name for p in (tmp_path / "engine").iterdir()) == ["Arial.Unicode.ttf", "Arial.ttf"]

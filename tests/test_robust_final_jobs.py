@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from test_export import offline_yolov5  # noqa: F401  (autouse: yolov5 imported offline, as the jobs import it)
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from test_export import offline_yolov5  # noqa: F401  (autouse: yolov5 imported offline, as the jobs import it)
 
 SETTINGS = {"formats": ["onnx", "torchscript"], "opset": 12, "box_tolerance_px": 0.1, "score_tolerance": 1e-3}
 
@@ -41,8 +41,16 @@ def export(tmp_path, data, settings=SETTINGS, img=70):
     weights = checkpoint(tmp_path / "last.pt", 3, list(TARGET_CLASSES))
     out = tmp_path / "R" / "export"
     outputs = {fmt: str(out / f"model.{fmt}") for fmt in settings["formats"]}
-    return export_for_rule(weights, str(data), outputs, str(out / "export.json"), settings=settings, img=img,
-                           threads=1, log_path=str(tmp_path / "export.log"))  # fmt: skip
+    return export_for_rule(
+        weights,
+        str(data),
+        outputs,
+        str(out / "export.json"),
+        settings=settings,
+        img=img,
+        threads=1,
+        log_path=str(tmp_path / "export.log"),
+    )
 
 
 def test_an_image_size_that_is_not_a_multiple_of_32_is_checked_at_the_exporters_size(tmp_path, data):
@@ -110,8 +118,9 @@ def test_single_cls_weights_are_scored_as_one_class(tmp_path, data):
     weights = checkpoint(tmp_path / "last.pt", 1, ["item"])  # what a stage with single_cls: true publishes
     # In a process of its own, as the evaluate_test job runs: yolov5 fixes its config folder (where the offline font
     # is placed) when it is first imported, and this test process may have imported it before the offline set-up.
-    subprocess.run([sys.executable, "-c", EVALUATE, weights, str(data), str(tmp_path / "test")], check=True,
-                   timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", EVALUATE, weights, str(data), str(tmp_path / "test")], check=True, timeout=600
+    )
     result = json.loads((tmp_path / "test" / "m.json").read_text())
     labels = [line for f in (data.parent / "labels" / "test").glob("*.txt") for line in f.read_text().splitlines()]
     assert result["single_cls"] and [row["class"] for row in result["classes"]] == ["item"]

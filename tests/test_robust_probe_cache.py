@@ -50,8 +50,11 @@ def test_a_model_yaml_of_the_users_counts_by_its_text_not_its_name(tmp_path, req
 
 def test_another_gpu_model_its_memory_or_cuda_being_unusable_changes_the_key(monkeypatch, request_):
     def machine(name, memory, cuda):
-        monkeypatch.setattr(reuse, "nvml_facts", lambda: {"gpus": [{"name": name, "total_memory_bytes": memory,
-                                                                    "index": 0, "compute_capability": "9.0"}]})  # fmt: skip
+        monkeypatch.setattr(
+            reuse,
+            "nvml_facts",
+            lambda: {"gpus": [{"name": name, "total_memory_bytes": memory, "index": 0, "compute_capability": "9.0"}]},
+        )
         monkeypatch.setattr(reuse, "_cuda_usable", lambda: cuda)
         return reuse_key(request_, [])
 
@@ -63,10 +66,12 @@ def test_another_gpu_model_its_memory_or_cuda_being_unusable_changes_the_key(mon
 
 
 def test_without_a_gpu_the_key_is_computed_without_importing_torch(tmp_path):
-    code = ("import sys\nfrom stagedyolo.probe import reuse\n"
-            "reuse.nvml_facts = lambda: {'gpus': None}\n"  # what NVML reports without an NVIDIA driver
-            "identity = reuse.machine_identity()\n"
-            "print(identity['gpus'], identity['cuda_usable'], 'torch' in sys.modules)\n")  # fmt: skip
+    code = (
+        "import sys\nfrom stagedyolo.probe import reuse\n"
+        "reuse.nvml_facts = lambda: {'gpus': None}\n"  # what NVML reports without an NVIDIA driver
+        "identity = reuse.machine_identity()\n"
+        "print(identity['gpus'], identity['cuda_usable'], 'torch' in sys.modules)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["[]", "False", "False"]
 

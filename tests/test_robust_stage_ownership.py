@@ -4,7 +4,6 @@ the real train_stage script on a tiny dataset, and owners that are other process
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,10 +21,24 @@ from stagedyolo.stage import StageFailed, build_plan, run_stage
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SPEC = {
-    "epochs": 3, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "SGD", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 3,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "SGD",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 # The workflow's own script, as the train_stage rule runs it, with only the inputs it reads.
 SNAKEFILE = f"""
 rule train_stage:
@@ -40,8 +53,10 @@ rule train_stage:
 
 def holder(folder: Path, then: str = "time.sleep(60)") -> subprocess.Popen:
     """Another process that owns `folder`, says so on stdout, then runs `then`."""
-    code = (f"import os, signal, time; from stagedyolo.launch import owning\n"
-            f"with owning({str(folder)!r}):\n    print('owning', flush=True); {then}")  # fmt: skip
+    code = (
+        f"import os, signal, time; from stagedyolo.launch import owning\n"
+        f"with owning({str(folder)!r}):\n    print('owning', flush=True); {then}"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "owning"
     return process
@@ -49,14 +64,27 @@ def holder(folder: Path, then: str = "time.sleep(60)") -> subprocess.Popen:
 
 def test_a_second_supervisor_is_refused_while_a_live_one_owns_the_work_folder(tmp_path):
     work = tmp_path / "work" / "s"
-    plan = build_plan(SPEC, stage="s", data=str(tmp_path / "data.yaml"), weights=None, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=1, work_dir=work)  # fmt: skip
+    plan = build_plan(
+        SPEC,
+        stage="s",
+        data=str(tmp_path / "data.yaml"),
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=work,
+    )
     first = holder(work)
     try:
         started = time.monotonic()
         with pytest.raises(StageFailed, match=f"stage s: {work} is in use by process {first.pid} \\(started "):
-            run_stage(plan, stage_dir=tmp_path / "stages" / "s", attempt=1, log_path=tmp_path / "s.log",
-                      engine_home=tmp_path / "engine")  # fmt: skip
+            run_stage(
+                plan,
+                stage_dir=tmp_path / "stages" / "s",
+                attempt=1,
+                log_path=tmp_path / "s.log",
+                engine_home=tmp_path / "engine",
+            )
         assert time.monotonic() - started < 5  # refused before any worker starts
         assert json.loads((work / OWNER_FILE).read_text())["pid"] == first.pid
     finally:
@@ -102,12 +130,27 @@ def test_snakemake_killed_leaves_no_stage_process_and_nothing_published(tmp_path
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
     assert Path(data) == tmp_path / "data" / "data.yaml"
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "none"}))
-    config = {"stage_defaults": SPEC, "stages": {"s": {}}, "device": "cpu", "model": {"cfg": "yolov5n.yaml"},
-              "telemetry": {"interval_s": 1.0}}  # fmt: skip
+    config = {
+        "stage_defaults": SPEC,
+        "stages": {"s": {}},
+        "device": "cpu",
+        "model": {"cfg": "yolov5n.yaml"},
+        "telemetry": {"interval_s": 1.0},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "Snakefile").write_text(SNAKEFILE)
-    argv = [SNAKEMAKE, "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path), "--configfile",
-            str(tmp_path / "config.yaml"), "--cores", "1", "results/r/stages/s/timing.json"]  # fmt: skip
+    argv = [
+        SNAKEMAKE,
+        "-s",
+        str(tmp_path / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "config.yaml"),
+        "--cores",
+        "1",
+        "results/r/stages/s/timing.json",
+    ]
     env = {**os.environ, FaultInjection.ENV: "sleep@0.5"}  # every batch sleeps: the stage is mid-epoch when killed
     snakemake = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     left: list[psutil.Process] = []

@@ -3,7 +3,6 @@ once the new one is complete, and a kill while the work folder is removed still 
 Real stages on a tiny dataset, stopped with SIGKILL in a process of their own."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,13 +11,27 @@ import pytest
 
 from stagedyolo import stage
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import StageFailed, build_plan, run_stage
+from stagedyolo.stage import build_plan, run_stage
 
 SPEC = {
-    "epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "SGD", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 1,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "SGD",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 RULE_OUTPUTS = ("stage.json", "timing.json", "weights/last.pt", "results.csv", "continue.pt")
 
 STAGE_PROCESS = """
@@ -59,20 +72,38 @@ def trained(tmp_path, tiny_data):
 
 
 def plan_for(tmp_path, data):
-    return build_plan(SPEC, stage="s", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
-                      work_dir=tmp_path / "work" / "s")  # fmt: skip
+    return build_plan(
+        SPEC,
+        stage="s",
+        data=data,
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work" / "s",
+    )
 
 
 def run_killed(tmp_path, data, kill):
-    args = {"plan": plan_for(tmp_path, data), "stage_dir": str(tmp_path / "stages" / "s"), "log": str(tmp_path / "s.log"),
-            "engine": str(tmp_path / "engine"), "kill": kill}  # fmt: skip
+    args = {
+        "plan": plan_for(tmp_path, data),
+        "stage_dir": str(tmp_path / "stages" / "s"),
+        "log": str(tmp_path / "s.log"),
+        "engine": str(tmp_path / "engine"),
+        "kill": kill,
+    }
     done = subprocess.run([sys.executable, "-c", STAGE_PROCESS, json.dumps(args)], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
 
 
 def rerun(tmp_path, data):
-    return run_stage(plan_for(tmp_path, data), stage_dir=tmp_path / "stages" / "s", attempt=1,
-                     log_path=tmp_path / "s.log", engine_home=tmp_path / "engine")  # fmt: skip
+    return run_stage(
+        plan_for(tmp_path, data),
+        stage_dir=tmp_path / "stages" / "s",
+        attempt=1,
+        log_path=tmp_path / "s.log",
+        engine_home=tmp_path / "engine",
+    )
 
 
 def leave_a_previous_publish(stage_dir):

@@ -12,8 +12,15 @@ import pytest
 from stagedyolo.cli import main
 from stagedyolo.status import HEARTBEAT_S, run_status
 
-PROGRESS = {"stage": "s", "epoch": 2, "epochs": 5, "images_per_s": 40.0, "map50": 0.5, "stage_eta_s": 30,
-            "run_eta_s": 60}  # fmt: skip
+PROGRESS = {
+    "stage": "s",
+    "epoch": 2,
+    "epochs": 5,
+    "images_per_s": 40.0,
+    "map50": 0.5,
+    "stage_eta_s": 30,
+    "run_eta_s": 60,
+}
 
 
 def started_stage(run, age_s: float):
@@ -43,8 +50,10 @@ def test_a_stage_written_to_recently_is_running_even_without_a_local_worker(tmp_
 def test_a_stage_whose_worker_process_lives_is_running_until_the_process_ends(tmp_path):
     started_stage(tmp_path / "R", age_s=3600)  # a long epoch: nothing written for an hour
     # The worker's argv as the stage launches it, with the plan path relative to the worker's working directory.
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "stagedyolo.engine.worker",
-                               "R/work/s/plan.json"], cwd=tmp_path)  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "stagedyolo.engine.worker", "R/work/s/plan.json"],
+        cwd=tmp_path,
+    )
     try:
         assert "s  running   [s] epoch 2/5" in run_status(tmp_path / "R")
     finally:
@@ -63,8 +72,9 @@ def configured_run(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv", [["status"], ["status", "demo"], ["status", "--config", "config/config.yaml"],
-                                  ["status", "out/demo"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv", [["status"], ["status", "demo"], ["status", "--config", "config/config.yaml"], ["status", "out/demo"]]
+)
 def test_status_finds_runs_under_the_configured_results_dir(configured_run, capsys, argv):
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith("run out/demo\n")

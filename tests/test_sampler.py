@@ -107,10 +107,15 @@ def test_no_gpu_visible(tmp_path, monkeypatch):
 
 
 def test_rss_tree_includes_children(tmp_path):
-    code = ("import sys, time; b = bytearray(80 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
-            "print('ready', flush=True); time.sleep(30)")
-    root = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                             + repr(code) + "])"], stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time; b = bytearray(80 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    root = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', " + repr(code) + "])"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert root.stdout.readline().strip() == "ready"  # the grandchild has touched its 80 MB
         p = tmp_path / "t.csv"

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 import yaml
-
 from snakemake_runner import REPO, make_workdir, snakemake
+
 from stagedyolo.config import ConfigError, check_config
 from stagedyolo.engine.plan import STAGE_KEYS, YOLOV5_OPTIONS, stage_spec
 from stagedyolo.stage import build_plan
@@ -13,16 +13,39 @@ from stagedyolo.stage import build_plan
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 SPEC = {
-    "epochs": 3, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 3,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 
 # A value for each option that differs from yolov5's parse_opt default, so the test fails if it is not passed on.
 NON_DEFAULT = {
-    "cos_lr": True, "rect": True, "multi_scale": True, "label_smoothing": 0.1, "image_weights": True,
-    "single_cls": True, "noautoanchor": True, "quad": True, "save_period": 2, "seed": 7, "patience": 5,
-}  # fmt: skip
+    "cos_lr": True,
+    "rect": True,
+    "multi_scale": True,
+    "label_smoothing": 0.1,
+    "image_weights": True,
+    "single_cls": True,
+    "noautoanchor": True,
+    "quad": True,
+    "save_period": 2,
+    "seed": 7,
+    "patience": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +86,16 @@ def test_an_option_set_in_the_config_reaches_yolov5s_resolved_opt(tmp_path, trai
     assert default != NON_DEFAULT[option]
     config = {**CONFIG, "stages": {"only": {option: NON_DEFAULT[option]}}}
     spec = {**SPEC, **{k: v for k, v in stage_spec(config, "only").items() if k in YOLOV5_OPTIONS}}
-    plan = build_plan(spec, stage="only", data=tmp_path / "data.yaml", weights=None, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=1, work_dir=tmp_path / "work")  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage="only",
+        data=tmp_path / "data.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work",
+    )
     (tmp_path / "work").mkdir()  # the supervisor's, where build_opt writes the stage's hyp file
     opt = build_opt(train_module, plan, "cpu")
     assert getattr(opt, option) == NON_DEFAULT[option]
@@ -73,8 +104,16 @@ def test_an_option_set_in_the_config_reaches_yolov5s_resolved_opt(tmp_path, trai
 def test_options_left_unset_keep_yolov5s_defaults_except_patience(tmp_path, train_module):
     from stagedyolo.engine.worker import build_opt
 
-    plan = build_plan(SPEC, stage="s", data=tmp_path / "data.yaml", weights=None, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=1, work_dir=tmp_path / "work")  # fmt: skip
+    plan = build_plan(
+        SPEC,
+        stage="s",
+        data=tmp_path / "data.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work",
+    )
     (tmp_path / "work").mkdir()
     opt = build_opt(train_module, plan, "cpu")
     assert (opt.cos_lr, opt.rect, opt.label_smoothing, opt.save_period, opt.seed) == (False, False, 0.0, -1, 0)
@@ -98,8 +137,10 @@ def test_a_misspelt_option_fails_before_any_job_naming_the_key(tmp_path):
     ],
 )
 def test_combinations_yolov5_would_refuse_mid_run_fail_at_parse_time(stages, expected):
-    config = {**CONFIG, "stages": {name: {**(CONFIG["stages"][name] or {}), **stages.get(name, {})}
-                                   for name in CONFIG["stages"]}}  # fmt: skip
+    config = {
+        **CONFIG,
+        "stages": {name: {**(CONFIG["stages"][name] or {}), **stages.get(name, {})} for name in CONFIG["stages"]},
+    }
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
         check_config(config, REPO)
 
@@ -111,6 +152,14 @@ def test_single_cls_for_the_whole_run_is_fine():
 
 def test_save_period_zero_reaches_yolov5_as_its_off_value():
     # yolov5's loggers compute epoch % save_period on every save: 0 would divide by zero mid-stage.
-    plan = build_plan({**SPEC, "save_period": 0}, stage="s", data="d.yaml", weights=None, cfg="yolov5n.yaml",
-                      cache_mode="none", threads=1, work_dir="w")  # fmt: skip
+    plan = build_plan(
+        {**SPEC, "save_period": 0},
+        stage="s",
+        data="d.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir="w",
+    )
     assert plan["options"]["save_period"] == -1

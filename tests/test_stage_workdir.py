@@ -16,10 +16,24 @@ from stagedyolo.stage import StageFailed, _finished_outcome, _prepare_work_dir, 
 
 PLAN = {"stage": "finetune", "epochs": 6, "batch": 16, "hyp": {"lr0": 0.0005}, "attempt": 1, "torch_threads": 1}
 SPEC = {
-    "epochs": 6, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "SGD", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 6,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "SGD",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 PLAN_SETTINGS = dict(stage="finetune", data="data.yaml", weights=None, cfg="yolov5n.yaml")
 
 
@@ -71,7 +85,7 @@ def test_each_out_of_memory_failure_halves_the_batch_down_to_a_floor():
     assert retry_batch(3, [oom, oom, oom]) == 2
 
 
-# ----------------------------------------------------------------------------------------------- issue 29, items 3, 4, 25
+# ----------------------------------------------------------------------- checkpoint readers, runtime keys, wipes
 
 
 class UnpicklesBy:
@@ -85,11 +99,14 @@ class UnpicklesBy:
         return self.function, self.args
 
 
-@pytest.mark.parametrize(("fault", "said"), [
-    (UnpicklesBy(signal.raise_signal, signal.SIGKILL), "killed by signal 9"),  # as the kernel's OOM killer does
-    (UnpicklesBy(bytearray, 1 << 62), "exited 1"),  # MemoryError: the machine's, not the file's
-    (UnpicklesBy(time.sleep, 600), "ran past 8 s"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (UnpicklesBy(signal.raise_signal, signal.SIGKILL), "killed by signal 9"),  # as the kernel's OOM killer does
+        (UnpicklesBy(bytearray, 1 << 62), "exited 1"),  # MemoryError: the machine's, not the file's
+        (UnpicklesBy(time.sleep, 600), "ran past 8 s"),
+    ],
+)
 def test_a_checkpoint_reader_without_an_answer_fails_the_job_and_keeps_the_folder(tmp_path, monkeypatch, fault, said):
     monkeypatch.setattr(checkpoint, "READ_TIMEOUT_S", 8)
     work = tmp_path / "work"
@@ -117,7 +134,11 @@ def test_a_restart_with_other_cores_resumes_with_this_machines_workers(tmp_path,
     again = build_plan(spec, threads=3, cache_mode="disk", **PLAN_SETTINGS, work_dir=work)
     assert (again["workers"], again["torch_threads"]) != (killed["workers"], killed["torch_threads"])
     assert prepare(work, again) == (str(work / "weights" / "last.pt"), False)
-    assert yaml.safe_load((work / "opt.yaml").read_text()) == {"epochs": 6, "workers": again["workers"], "cache": "disk"}
+    assert yaml.safe_load((work / "opt.yaml").read_text()) == {
+        "epochs": 6,
+        "workers": again["workers"],
+        "cache": "disk",
+    }
 
 
 def test_a_resumed_run_names_no_gpu_ids_to_yolov5(tmp_path):
@@ -157,15 +178,18 @@ def finished_by_a_nan_loss(work):
     (work / "outcome.json").write_text(json.dumps({"status": "nonfinite", "message": "became nan"}))
 
 
-@pytest.mark.parametrize(("change", "plan", "reason"), [
-    (None, {**PLAN, "epochs": 3}, "another plan (changed: epochs)"),
-    (None, {**PLAN, "batch": 8}, "batch 16, this try has batch 8"),
-    (no_plan, PLAN, "no plan.json"),
-    (lambda work: (work / "weights" / "last.pt").unlink(), PLAN, "no weights/last.pt"),
-    (torn, PLAN, "does not load"),
-    (nan_weights, PLAN, "non-finite weights (model.weight"),
-    (finished_by_a_nan_loss, PLAN, "stopped on a non-finite loss (became nan)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "plan", "reason"),
+    [
+        (None, {**PLAN, "epochs": 3}, "another plan (changed: epochs)"),
+        (None, {**PLAN, "batch": 8}, "batch 16, this try has batch 8"),
+        (no_plan, PLAN, "no plan.json"),
+        (lambda work: (work / "weights" / "last.pt").unlink(), PLAN, "no weights/last.pt"),
+        (torn, PLAN, "does not load"),
+        (nan_weights, PLAN, "non-finite weights (model.weight"),
+        (finished_by_a_nan_loss, PLAN, "stopped on a non-finite loss (became nan)"),
+    ],
+)
 def test_every_wipe_is_logged_with_its_reason(tmp_path, change, plan, reason):
     work = tmp_path / "work"
     leave_interrupted_run(work, PLAN)
@@ -193,11 +217,38 @@ def test_a_retrained_input_checkpoint_changes_the_plans_identity(tmp_path):
 
     weights = tmp_path / "continue.pt"
     weights.write_bytes(b"first training")
-    spec = {"epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.01, "optimizer": "SGD", "hyp": {},
-            "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False,
-            "plots": False, "nosave": False, "lr_scaling": "none"}  # fmt: skip
-    plan = lambda: build_plan(spec, stage="s", data=tmp_path / "d.yaml", weights=str(weights), cfg="yolov5n.yaml",  # noqa: E731
-                              cache_mode="none", threads=1, work_dir=tmp_path / "w")  # fmt: skip
+    spec = {
+        "epochs": 1,
+        "img": 64,
+        "batch": 8,
+        "workers": 0,
+        "freeze": 0,
+        "lr0": 0.01,
+        "optimizer": "SGD",
+        "hyp": {},
+        "cache": "none",
+        "amp": "auto",
+        "device": "cpu",
+        "val_period": 1,
+        "gpus": 1,
+        "sync_bn": False,
+        "plots": False,
+        "nosave": False,
+        "lr_scaling": "none",
+    }
+
+    def plan():
+        return build_plan(
+            spec,
+            stage="s",
+            data=tmp_path / "d.yaml",
+            weights=str(weights),
+            cfg="yolov5n.yaml",
+            cache_mode="none",
+            threads=1,
+            work_dir=tmp_path / "w",
+        )
+
     before = plan()
     assert _digest(plan()) == _digest(before)
     weights.write_bytes(b"the retrained one")

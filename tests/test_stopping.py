@@ -81,15 +81,30 @@ def test_a_budget_that_fits_lets_the_stage_finish():
 
 
 def test_run_eta_scales_later_stages_by_pixels():
-    plan = {"stage": "b", "img": 64, "run_stages": [{"stage": "a", "epochs": 9, "img": 64},
-                                                    {"stage": "b", "epochs": 2, "img": 64},
-                                                    {"stage": "c", "epochs": 3, "img": 128}]}  # fmt: skip
+    plan = {
+        "stage": "b",
+        "img": 64,
+        "run_stages": [
+            {"stage": "a", "epochs": 9, "img": 64},
+            {"stage": "b", "epochs": 2, "img": 64},
+            {"stage": "c", "epochs": 3, "img": 128},
+        ],
+    }
     assert later_stages_s(plan, mean_epoch_s=10.0) == 3 * 10.0 * 4  # a is done; c: 4x the pixels
 
 
 def test_progress_line_and_relay_print_each_epoch_once(tmp_path):
-    record = {"stage": "frozen", "epoch": 3, "epochs": 6, "images_per_s": 412.34, "map50": 0.8123,
-              "stage_eta_s": 12, "run_eta_s": 3725, "stopping": None, "updated": 1.0}  # fmt: skip
+    record = {
+        "stage": "frozen",
+        "epoch": 3,
+        "epochs": 6,
+        "images_per_s": 412.34,
+        "map50": 0.8123,
+        "stage_eta_s": 12,
+        "run_eta_s": 3725,
+        "stopping": None,
+        "updated": 1.0,
+    }
     line = progress_line(record)
     assert line == "[frozen] epoch 3/6  412.3 img/s  mAP50 0.812  stage ETA 0:00:12  run ETA 1:02:05"
     stream = io.StringIO()
@@ -98,7 +113,10 @@ def test_progress_line_and_relay_print_each_epoch_once(tmp_path):
         relay.poll()
         relay.poll()  # unchanged: not printed again
         write_json(tmp_path / PROGRESS_FILE, {**record, "epoch": 4, "map50": None, "updated": 2.0})
-    assert stream.getvalue().splitlines() == [line, "[frozen] epoch 4/6  412.3 img/s  stage ETA 0:00:12  run ETA 1:02:05"]
+    assert stream.getvalue().splitlines() == [
+        line,
+        "[frozen] epoch 4/6  412.3 img/s  stage ETA 0:00:12  run ETA 1:02:05",
+    ]
 
 
 def test_a_phase_hands_over_when_its_gain_per_second_stalls_and_records_the_figures():
@@ -119,8 +137,9 @@ def test_without_a_handed_over_fitness_the_stall_rule_waits_for_three_validation
     from stagedyolo.engine.stopping import GainStall
 
     times = iter([0.0, 10.0, 20.0, 30.0])
-    stop = EpochStop(None, ValidationSchedule(1, 10), started_at=0.0, clock=lambda: next(times),
-                     stall=GainStall(0.25, None))  # fmt: skip
+    stop = EpochStop(
+        None, ValidationSchedule(1, 10), started_at=0.0, clock=lambda: next(times), stall=GainStall(0.25, None)
+    )
     stop.on_train_start()
     assert stop(0, 0.5) is False and stop(1, 0.6) is False  # one interval: nothing to compare with
     assert stop(2, 0.6) is True

@@ -15,10 +15,24 @@ from stagedyolo.stage import build_plan, run_stage
 from stagedyolo.status import run_status
 
 SPEC = {
-    "epochs": 3, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW", "hyp": {},
-    "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1, "sync_bn": False, "plots": False,
-    "nosave": False, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 3,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": False,
+    "lr_scaling": "none",
+}
 
 
 def run(tmp_path, spec, stage, run_stages, weights=None):
@@ -28,10 +42,24 @@ def run(tmp_path, spec, stage, run_stages, weights=None):
         write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
     runs = tmp_path / "R"
     (runs / "logs").mkdir(parents=True, exist_ok=True)
-    plan = build_plan({**SPEC, **spec}, stage=stage, data=data, weights=weights, cfg="yolov5n.yaml", cache_mode="none",
-                      threads=1, work_dir=runs / "work" / stage, run_stages=run_stages)  # fmt: skip
-    run_stage(plan, stage_dir=runs / "stages" / stage, attempt=1, log_path=runs / "logs" / f"{stage}.log",
-              engine_home=tmp_path / "engine")  # fmt: skip
+    plan = build_plan(
+        {**SPEC, **spec},
+        stage=stage,
+        data=data,
+        weights=weights,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=runs / "work" / stage,
+        run_stages=run_stages,
+    )
+    run_stage(
+        plan,
+        stage_dir=runs / "stages" / stage,
+        attempt=1,
+        log_path=runs / "logs" / f"{stage}.log",
+        engine_home=tmp_path / "engine",
+    )
     return runs / "stages" / stage
 
 

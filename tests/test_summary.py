@@ -9,32 +9,83 @@ import pytest
 from stagedyolo.telemetry import build_timing, write_timing
 from stagedyolo.telemetry.summary import effective_batch, load_schema, validate_timing
 
-META = {"stage": "s1", "batch": 16, "workers": 2, "amp": True, "img": 640, "cache": "none", "device": "0",
-        "epochs": 3, "attempts": [{"attempt": 1, "rc": 0}], "threads": 4, "gpus": 1}
+META = {
+    "stage": "s1",
+    "batch": 16,
+    "workers": 2,
+    "amp": True,
+    "img": 640,
+    "cache": "none",
+    "device": "0",
+    "epochs": 3,
+    "attempts": [{"attempt": 1, "rc": 0}],
+    "threads": 4,
+    "gpus": 1,
+}
 
 
 def epoch(i, train=10.0, dw=1.0, cp=8.5, val=2.0, log=0.2, ckpt=0.5, images=320, batches=20, blog=0.0):
-    return {"epoch": i, "complete": True, "validated": True, "saved": True, "gap_before_s": 0.0, "tail_s": 0.01,
-            "batches": batches, "images": images, "data_wait_s": dw, "compute_s": cp, "batch_logging_s": blog,
-            "train_s": train, "val_s": val, "logging_s": log, "checkpoint_s": ckpt, "compute_p50_s": cp / batches,
-            "data_wait_p90_s": 0.1, "t_start_unix": 1000.0 + 20 * i}
+    return {
+        "epoch": i,
+        "complete": True,
+        "validated": True,
+        "saved": True,
+        "gap_before_s": 0.0,
+        "tail_s": 0.01,
+        "batches": batches,
+        "images": images,
+        "data_wait_s": dw,
+        "compute_s": cp,
+        "batch_logging_s": blog,
+        "train_s": train,
+        "val_s": val,
+        "logging_s": log,
+        "checkpoint_s": ckpt,
+        "compute_p50_s": cp / batches,
+        "data_wait_p90_s": 0.1,
+        "t_start_unix": 1000.0 + 20 * i,
+    }
 
 
 def raw(epochs, setup=30.0, final=None, t0=1000.0, t1=1100.0, memory=None):
-    return {"version": 1, "setup_s": setup, "setup_imports_s": 10.0, "setup_build_s": setup - 10.0,
-            "train_start_unix": t0, "train_end_unix": t1, "finished": True, "epochs": epochs,
-            "final": final or {"checkpoint_s": 0.5, "val_s": 3.0, "logging_s": 1.0},
-            "memory": memory or {"torch_max_allocated_bytes": None, "torch_max_reserved_bytes": None,
-                                 "total_bytes": None, "reason": "device is not CUDA"},
-            "sync": "x", "errors": []}
+    return {
+        "version": 1,
+        "setup_s": setup,
+        "setup_imports_s": 10.0,
+        "setup_build_s": setup - 10.0,
+        "train_start_unix": t0,
+        "train_end_unix": t1,
+        "finished": True,
+        "epochs": epochs,
+        "final": final or {"checkpoint_s": 0.5, "val_s": 3.0, "logging_s": 1.0},
+        "memory": memory
+        or {
+            "torch_max_allocated_bytes": None,
+            "torch_max_reserved_bytes": None,
+            "total_bytes": None,
+            "reason": "device is not CUDA",
+        },
+        "sync": "x",
+        "errors": [],
+    }
 
 
 def write_csv(path, rows, gpus=0, status="ok"):
     cols = ["timestamp", "elapsed_s", "gpu_status"]
     for k in range(gpus):
-        cols += [f"gpu{k}_{f}" for f in ("util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c", "sm_clock_mhz")]
-    cols += ["cpu0_pct", "cpu1_pct", "cpu_mean_pct", "rss_tree_mb", "ram_available_mb", "ram_total_mb",
-             "disk_read_bytes", "disk_read_mb_s"]
+        cols += [
+            f"gpu{k}_{f}" for f in ("util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c", "sm_clock_mhz")
+        ]
+    cols += [
+        "cpu0_pct",
+        "cpu1_pct",
+        "cpu_mean_pct",
+        "rss_tree_mb",
+        "ram_available_mb",
+        "ram_total_mb",
+        "disk_read_bytes",
+        "disk_read_mb_s",
+    ]
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
@@ -42,7 +93,16 @@ def write_csv(path, rows, gpus=0, status="ok"):
             line = [r["ts"], r["ts"] - 990, status]
             for k in range(gpus):
                 line += [r["util"][k], r["mem"][k], 81920, 300, 60, 1980]
-            line += [r["cpu"], r["cpu"], r["cpu"], r.get("rss", 1000), r.get("avail", 30000), 64000, r.get("disk", 0), ""]
+            line += [
+                r["cpu"],
+                r["cpu"],
+                r["cpu"],
+                r.get("rss", 1000),
+                r.get("avail", 30000),
+                64000,
+                r.get("disk", 0),
+                "",
+            ]
             w.writerow(line)
     return path
 
@@ -87,8 +147,12 @@ def test_gpu_stats_use_training_window(tmp_path):
     rows = [{"ts": 990 + i, "util": [0, 0], "mem": [500, 500], "cpu": 10} for i in range(10)]
     rows += [{"ts": 1000 + i, "util": [10 * (i % 10), 90], "mem": [70000, 40000], "cpu": 80} for i in range(100)]
     p = write_csv(tmp_path / "telemetry.csv", rows, gpus=2)
-    mem = {"torch_max_allocated_bytes": 60000 * 2**20, "torch_max_reserved_bytes": 65000 * 2**20,
-           "total_bytes": 81920 * 2**20, "reason": None}
+    mem = {
+        "torch_max_allocated_bytes": 60000 * 2**20,
+        "torch_max_reserved_bytes": 65000 * 2**20,
+        "total_bytes": 81920 * 2**20,
+        "reason": None,
+    }
     t = build_timing(raw([epoch(0), epoch(1)], t0=1000.0, t1=1099.0, memory=mem), p, wall_s=200, meta=META)
     g = t["gpu"]
     assert g["available"] and g["window"] == "train" and g["count"] == 2

@@ -4,17 +4,34 @@ import json
 
 import pytest
 
-from stagedyolo.telemetry import timer as timer_mod
 from stagedyolo.telemetry import StageTimer
+from stagedyolo.telemetry import timer as timer_mod
 
 
 class Callbacks:
     """The subset of yolov5.utils.callbacks.Callbacks the timer uses (importing yolov5 takes ~10 s)."""
 
-    HOOKS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
-             "on_train_batch_start", "optimizer_step", "on_before_zero_grad", "on_train_batch_end",
-             "on_train_epoch_end", "on_val_start", "on_val_batch_start", "on_val_image_end", "on_val_batch_end",
-             "on_val_end", "on_fit_epoch_end", "on_model_save", "on_train_end", "on_params_update", "teardown")
+    HOOKS = (
+        "on_pretrain_routine_start",
+        "on_pretrain_routine_end",
+        "on_train_start",
+        "on_train_epoch_start",
+        "on_train_batch_start",
+        "optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+        "on_train_epoch_end",
+        "on_val_start",
+        "on_val_batch_start",
+        "on_val_image_end",
+        "on_val_batch_end",
+        "on_val_end",
+        "on_fit_epoch_end",
+        "on_model_save",
+        "on_train_end",
+        "on_params_update",
+        "teardown",
+    )
 
     def __init__(self):
         self._callbacks = {h: [] for h in self.HOOKS}
@@ -49,7 +66,13 @@ class Loggers:
     """Stands in for yolov5's Loggers: registered inside train(), after the timer; costs time at known hooks."""
 
     def __init__(self, clock, batch_log=0.0, fit_log=0.0, save_log=0.0, end_log=0.0):
-        self.clock, self.batch_log, self.fit_log, self.save_log, self.end_log = clock, batch_log, fit_log, save_log, end_log
+        self.clock, self.batch_log, self.fit_log, self.save_log, self.end_log = (
+            clock,
+            batch_log,
+            fit_log,
+            save_log,
+            end_log,
+        )
 
     def on_train_batch_end(self, model, ni, *a):
         if ni < 2:
@@ -65,8 +88,24 @@ class Loggers:
         self.clock.advance(self.end_log)
 
 
-def fake_train(cb, clock, epochs=3, nb=4, bs=8, wait=0.1, comp=0.5, first_wait=1.0, val=2.0, ckpt=0.3, loggers=None,
-               build=5.0, validate=lambda e: True, stop_at=None, final_val=1.5, strip=0.2):
+def fake_train(
+    cb,
+    clock,
+    epochs=3,
+    nb=4,
+    bs=8,
+    wait=0.1,
+    comp=0.5,
+    first_wait=1.0,
+    val=2.0,
+    ckpt=0.3,
+    loggers=None,
+    build=5.0,
+    validate=lambda e: True,
+    stop_at=None,
+    final_val=1.5,
+    strip=0.2,
+):
     """Replays yolov5 train.py's callback order (train.py lines 81-487) with known durations."""
     cb.run("on_pretrain_routine_start")
     clock.advance(build)
@@ -145,8 +184,16 @@ def test_total_time_is_accounted(clock):
     start = clock.t
     fake_train(cb, clock, loggers=Loggers(clock, 0.3, 0.2, 0.1, 1.0), validate=lambda e: e == 2)
     raw = t.raw()
-    buckets = sum(e["train_s"] + e["batch_logging_s"] + e["val_s"] + e["logging_s"] + e["checkpoint_s"]
-                  + e["tail_s"] + e["gap_before_s"] for e in raw["epochs"])
+    buckets = sum(
+        e["train_s"]
+        + e["batch_logging_s"]
+        + e["val_s"]
+        + e["logging_s"]
+        + e["checkpoint_s"]
+        + e["tail_s"]
+        + e["gap_before_s"]
+        for e in raw["epochs"]
+    )
     buckets += sum(raw["final"].values())
     assert buckets == pytest.approx(clock.t - (start + 5.0))
     assert [e["validated"] for e in raw["epochs"]] == [False, False, True]

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from test_report import make_stage
 
 from stagedyolo.config import ConfigError, check_config
 from stagedyolo.ownership import MARKER
@@ -16,7 +17,6 @@ from stagedyolo.tracking import (
     track_run_for_rule,
     track_stage_for_rule,
 )
-from test_report import make_stage
 
 NAN = float("nan")
 SETTINGS = {"dir": None, "experiment": "exp", "log_weights": True}
@@ -32,9 +32,19 @@ def make_run(tmp_path):
     for name, ips, map50s in (("frozen", [20.0, 40.0], [0.1, 0.3]), ("finetune", [30.0, 35.0, 36.0], [NAN, NAN, 0.5])):
         folder = tmp_path / "stages" / name
         make_stage(folder, name, ips, map50s)
-        (folder / "stage.json").write_text(json.dumps({"stage": name, "epochs": len(ips), "img": 128, "batch": 16,
-                                                       "hyp": {"lr0": 0.002, "mosaic": 0.0}, "work_dir": "/x",
-                                                       "attempts": [{"attempt": 1}]}))  # fmt: skip
+        (folder / "stage.json").write_text(
+            json.dumps(
+                {
+                    "stage": name,
+                    "epochs": len(ips),
+                    "img": 128,
+                    "batch": 16,
+                    "hyp": {"lr0": 0.002, "mosaic": 0.0},
+                    "work_dir": "/x",
+                    "attempts": [{"attempt": 1}],
+                }
+            )
+        )
         (folder / "weights").mkdir()
         (folder / "weights" / "last.pt").write_bytes(b"weights of " + name.encode())
     return tmp_path
@@ -43,19 +53,43 @@ def make_run(tmp_path):
 def track_all(run_dir, settings):
     for stage in ("frozen", "finetune"):
         record = run_dir / "tracking" / "stages" / f"{stage}.json"
-        track_stage_for_rule(str(run_dir / "stages" / stage), str(record), settings=settings, run_name="demo",
-                             log_path=str(run_dir / "logs" / f"{stage}.log"))  # fmt: skip
+        track_stage_for_rule(
+            str(run_dir / "stages" / stage),
+            str(record),
+            settings=settings,
+            run_name="demo",
+            log_path=str(run_dir / "logs" / f"{stage}.log"),
+        )
     test = run_dir / "test" / "test_metrics.json"
     test.parent.mkdir()
-    test.write_text(json.dumps({"test_split": ["/t"], "all": {"precision": 0.5, "recall": 0.4, "ap50": 0.6,
-                                                              "ap50_95": 0.3},
-                                "classes": [{"class": "circle", "instances": 3, "precision": 0.5, "recall": 0.4,
-                                             "ap50": 0.6, "ap50_95": 0.3},
-                                            {"class": "square", "instances": 0, "precision": None, "recall": None,
-                                             "ap50": None, "ap50_95": None}]}))  # fmt: skip
-    return track_run_for_rule(str(run_dir / "tracking" / "run.json"), test_json=str(test), export_json=None,
-                              files=[str(test)], settings=settings, run_name="demo",
-                              log_path=str(run_dir / "logs" / "run.log"))  # fmt: skip
+    test.write_text(
+        json.dumps(
+            {
+                "test_split": ["/t"],
+                "all": {"precision": 0.5, "recall": 0.4, "ap50": 0.6, "ap50_95": 0.3},
+                "classes": [
+                    {"class": "circle", "instances": 3, "precision": 0.5, "recall": 0.4, "ap50": 0.6, "ap50_95": 0.3},
+                    {
+                        "class": "square",
+                        "instances": 0,
+                        "precision": None,
+                        "recall": None,
+                        "ap50": None,
+                        "ap50_95": None,
+                    },
+                ],
+            }
+        )
+    )
+    return track_run_for_rule(
+        str(run_dir / "tracking" / "run.json"),
+        test_json=str(test),
+        export_json=None,
+        files=[str(test)],
+        settings=settings,
+        run_name="demo",
+        log_path=str(run_dir / "logs" / "run.log"),
+    )
 
 
 def mlflow_runs(store):
@@ -91,8 +125,13 @@ def test_a_rerun_stage_replaces_its_mlflow_record(run_dir):
     settings = {**SETTINGS, "backend": "mlflow"}
     track_all(run_dir, settings)
     first = json.loads((run_dir / "tracking" / "stages" / "finetune.json").read_text())["run_id"]
-    track_stage_for_rule(str(run_dir / "stages" / "finetune"), str(run_dir / "tracking" / "stages" / "finetune.json"),
-                         settings=settings, run_name="demo", log_path=str(run_dir / "logs" / "again.log"))  # fmt: skip
+    track_stage_for_rule(
+        str(run_dir / "stages" / "finetune"),
+        str(run_dir / "tracking" / "stages" / "finetune.json"),
+        settings=settings,
+        run_name="demo",
+        log_path=str(run_dir / "logs" / "again.log"),
+    )
     client, runs = mlflow_runs(run_dir / "tracking" / "mlflow")
     assert set(runs) == {"demo", "frozen", "finetune"} and runs["finetune"].info.run_id != first
     assert client.get_run(first).info.lifecycle_stage == "deleted"  # kept in the store's trash, not erased
@@ -160,15 +199,17 @@ def test_epoch_metrics_skip_what_was_not_measured(run_dir):
 
 def test_run_metrics_carry_the_export_check():
     export = {"formats": {"onnx": {"raw_max_box_diff_px": 1e-5, "raw_max_score_diff": 1e-7, "passed": True}}}
-    assert run_summary_metrics(None, export) == {"export/onnx/raw_max_box_diff_px": 1e-5,
-                                                 "export/onnx/raw_max_score_diff": 1e-7, "export/onnx/passed": 1.0}
+    assert run_summary_metrics(None, export) == {
+        "export/onnx/raw_max_box_diff_px": 1e-5,
+        "export/onnx/raw_max_score_diff": 1e-7,
+        "export/onnx/passed": 1.0,
+    }
 
 
 def test_mlflow_without_the_package_fails_before_any_job(monkeypatch):
     import importlib.util
 
     import yaml
-
     from snakemake_runner import REPO
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -180,7 +221,6 @@ def test_mlflow_without_the_package_fails_before_any_job(monkeypatch):
 
 def test_every_backend_named_in_the_schema_exists():
     import yaml
-
     from snakemake_runner import REPO
 
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())

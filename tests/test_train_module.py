@@ -11,10 +11,24 @@ from stagedyolo.engine.train_module import patched_source
 from stagedyolo.stage import build_plan, run_stage
 
 SPEC = {
-    "epochs": 2, "img": 64, "batch": 4, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": {"warmup_epochs": 0.5}, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 2, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 2,
+    "img": 64,
+    "batch": 4,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": {"warmup_epochs": 0.5},
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 2,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+}
 
 
 def test_a_train_py_without_the_expected_lines_fails_loudly():
@@ -39,8 +53,16 @@ def test_a_train_py_without_the_expected_lines_fails_loudly():
 def test_nominal_batch_and_warmup_floor_reach_yolov5(tmp_path, nominal_batch, min_warmup_iters, decay, weights_lr):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))  # 16 images / batch 4 = 4 its
     spec = {**SPEC, "nominal_batch": nominal_batch, "min_warmup_iters": min_warmup_iters}
-    plan = build_plan(spec, stage="s", data=data, weights=None, cfg="yolov5n.yaml", cache_mode="none", threads=1,
-                      work_dir=tmp_path / "work" / "s")  # fmt: skip
+    plan = build_plan(
+        spec,
+        stage="s",
+        data=data,
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "work" / "s",
+    )
     run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path / "e")
 
     assert f"weight(decay={decay}" in (tmp_path / "s.log").read_text()
@@ -54,8 +76,11 @@ def test_nominal_batch_and_warmup_floor_reach_yolov5(tmp_path, nominal_batch, mi
 
     # A spec without an engine section trains in the default mode, and both records say which rows applied.
     engine = json.loads((tmp_path / "s" / "timing.json").read_text())["engine"]
-    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema"} <= set(engine["patches_applied"])
+    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema"} <= set(
+        engine["patches_applied"]
+    )
     assert engine["patches_not_applied"]["channels_last"] == "CUDA only: the stage runs on the CPU"
     record = json.loads((tmp_path / "s" / "stage.json").read_text())
     assert record["engine_mode"] == "fast" and len(record["patches"]) == len(engine["patches_applied"]) + len(
-        engine["patches_not_applied"])
+        engine["patches_not_applied"]
+    )

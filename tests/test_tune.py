@@ -31,8 +31,9 @@ def data(tmp_path_factory):
     src = write_demo_dataset(root / "src", DemoSpec(TARGET_CLASSES, 48, 8, image_size=1024))
     stage_dataset(str(src), validate_dataset(str(src)), str(root / "cache"), exclude=set())
     staged = root / "cache" / "data.yaml"
-    decision = cache_dataset(str(staged), str(root / "cache.json"), "ram", 0.3, 64, log=lambda *_: None,
-                             store_sizes=[64])  # fmt: skip
+    decision = cache_dataset(
+        str(staged), str(root / "cache.json"), "ram", 0.3, 64, log=lambda *_: None, store_sizes=[64]
+    )
     return str(staged), decision["store"]["root"]
 
 
@@ -40,16 +41,26 @@ def planner(data, tmp_path, spec):
     staged, store = data
 
     def make_plan(changes):
-        return build_plan({**spec, **changes}, stage="s", data=staged, weights=None, cfg="yolov5n.yaml",
-                          cache_mode="ram", threads=1, work_dir=tmp_path / "work" / "s", image_store=store)  # fmt: skip
+        return build_plan(
+            {**spec, **changes},
+            stage="s",
+            data=staged,
+            weights=None,
+            cfg="yolov5n.yaml",
+            cache_mode="ram",
+            threads=1,
+            work_dir=tmp_path / "work" / "s",
+            image_store=store,
+        )
 
     return make_plan
 
 
 def test_a_bad_loader_setting_is_replaced_and_the_stage_reports_before_and_after(data, tmp_path):
     make_plan = planner(data, tmp_path, SPEC)
-    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "s.log",
-                                   engine_home=tmp_path, window=WINDOW)  # fmt: skip
+    plan, record = tune.tune_stage(
+        make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "s.log", engine_home=tmp_path, window=WINDOW
+    )
     base, *tried = record["trials"]  # the top advice, and its alternative if the first was not faster
     advice = tried[-1]
     assert base["status"] == advice["status"] == "ok", record
@@ -60,8 +71,7 @@ def test_a_bad_loader_setting_is_replaced_and_the_stage_reports_before_and_after
     assert (plan["workers"], plan["cache"]) != (0, None)  # the stage trains with the kept change
     assert base["batches"] == advice["batches"] == 8 and record["seconds"] > 0
 
-    run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path,
-              tune=record)  # fmt: skip
+    run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path, tune=record)
     timing = json.loads((tmp_path / "s" / "timing.json").read_text())
     assert timing["tune"]["kept"] == record["kept"] and timing["tune"]["seconds"] == record["seconds"]
     assert json.loads((tmp_path / "s" / "stage.json").read_text())["tune"]["summary"] == record["summary"]
@@ -71,9 +81,14 @@ def test_a_bad_loader_setting_is_replaced_and_the_stage_reports_before_and_after
 
 def test_a_change_that_measures_slower_is_not_kept(data, tmp_path):
     good = {**SPEC, "cache": "ram"}  # served from the store: no decode
-    plan, record = tune.tune_stage(planner(data, tmp_path, good), tune_dir=tmp_path / "tune",
-                                   log_path=tmp_path / "s.log", engine_home=tmp_path, window=WINDOW,
-                                   candidate={"cache": "none"})  # fmt: skip
+    plan, record = tune.tune_stage(
+        planner(data, tmp_path, good),
+        tune_dir=tmp_path / "tune",
+        log_path=tmp_path / "s.log",
+        engine_home=tmp_path,
+        window=WINDOW,
+        candidate={"cache": "none"},
+    )
     base, slower = record["trials"]
     assert slower["images_per_s"] < base["images_per_s"], record
     assert not slower["kept"] and record["kept"] == {} and plan["cache"] == "ram"
@@ -88,39 +103,72 @@ def fake_trials(monkeypatch, rates):
 
     def run_trial(plan, trial_dir, name, *args):
         calls.append(name)
-        return {"name": name, "settings": tune._settings(plan), "status": "ok", "images_per_s": rates[name],
-                "batches": 8, "timing": None}
+        return {
+            "name": name,
+            "settings": tune._settings(plan),
+            "status": "ok",
+            "images_per_s": rates[name],
+            "batches": 8,
+            "timing": None,
+        }
 
     monkeypatch.setattr(tune, "run_trial", run_trial)
     return calls
 
 
 def make_plan(changes):
-    return {"stage": "s", "workers": 0, "torch_threads": 2, "batch": 8, "cache": None, "amp": False, "img": 64,
-            "freeze": 0, "work_dir": "w", **changes}  # fmt: skip
+    return {
+        "stage": "s",
+        "workers": 0,
+        "torch_threads": 2,
+        "batch": 8,
+        "cache": None,
+        "amp": False,
+        "img": 64,
+        "freeze": 0,
+        "work_dir": "w",
+        **changes,
+    }
 
 
 @pytest.mark.parametrize("advice_rate, kept", [(105.0, True), (104.0, False), (80.0, False)])
 def test_kept_only_when_at_least_5_percent_faster(monkeypatch, tmp_path, advice_rate, kept):
     fake_trials(monkeypatch, {"baseline": 100.0, "advice": advice_rate})
-    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log", engine_home=tmp_path,
-                                   window=WINDOW, candidate={"workers": 1})  # fmt: skip
+    plan, record = tune.tune_stage(
+        make_plan,
+        tune_dir=tmp_path / "tune",
+        log_path=tmp_path / "log",
+        engine_home=tmp_path,
+        window=WINDOW,
+        candidate={"workers": 1},
+    )
     assert (plan["workers"] == 1) is kept and record["trials"][1]["kept"] is kept
     assert record["tuned_images_per_s"] == (advice_rate if kept else 100.0)
 
 
 def test_a_finished_tune_is_reused_by_a_retry(monkeypatch, tmp_path):
     calls = fake_trials(monkeypatch, {"baseline": 100.0, "advice": 150.0})
-    kwargs = dict(tune_dir=tmp_path / "tune", log_path=tmp_path / "log", engine_home=tmp_path, window=WINDOW,
-                  candidate={"workers": 1})  # fmt: skip
+    kwargs = dict(
+        tune_dir=tmp_path / "tune",
+        log_path=tmp_path / "log",
+        engine_home=tmp_path,
+        window=WINDOW,
+        candidate={"workers": 1},
+    )
     first = tune.tune_stage(make_plan, **kwargs)
     assert tune.tune_stage(make_plan, **kwargs) == first and calls == ["baseline", "advice"]
 
 
 def test_nothing_is_tried_when_the_advice_is_what_already_runs(monkeypatch, tmp_path):
     calls = fake_trials(monkeypatch, {"baseline": 100.0})
-    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log", engine_home=tmp_path,
-                                   window=WINDOW, candidate={"workers": 0})  # fmt: skip
+    plan, record = tune.tune_stage(
+        make_plan,
+        tune_dir=tmp_path / "tune",
+        log_path=tmp_path / "log",
+        engine_home=tmp_path,
+        window=WINDOW,
+        candidate={"workers": 0},
+    )
     assert calls == ["baseline"] and record["kept"] == {} and "nothing to try" in record["summary"]
 
 
@@ -154,11 +202,23 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
     monkeypatch.setattr(tune, "tune_stage", fake_tune)
     monkeypatch.setattr(stage_module, "run_stage", fake_run_stage)
     timing = tmp_path / "run" / "stages" / "frozen" / "timing.json"
-    kwargs = dict(data=str(tmp_path / "data.yaml"), cache_decision=str(tmp_path / "cache.json"), weights=[], probe=[],
-                  timing_path=str(timing), threads=2, attempt=1, log_path=str(tmp_path / "log"))  # fmt: skip
+    kwargs = dict(
+        data=str(tmp_path / "data.yaml"),
+        cache_decision=str(tmp_path / "cache.json"),
+        weights=[],
+        probe=[],
+        timing_path=str(timing),
+        threads=2,
+        attempt=1,
+        log_path=str(tmp_path / "log"),
+    )
     stage_module.train_stage(config, "frozen", **kwargs)
-    assert seen == {"window": config["tune"], "image_store": str(tmp_path / "copy"), "workers": 1,
-                    "tune": {"kept": {"workers": 1}, "seconds": 1.0}}  # fmt: skip
+    assert seen == {
+        "window": config["tune"],
+        "image_store": str(tmp_path / "copy"),
+        "workers": 1,
+        "tune": {"kept": {"workers": 1}, "seconds": 1.0},
+    }
     assert not (tmp_path / "run" / "work" / "frozen.tune").exists()  # removed once the stage is published
     seen.clear()
     stage_module.train_stage(config, "smoke", **kwargs)  # tune: false (stage_defaults)
@@ -166,12 +226,19 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
 
 
 def test_advice_a_window_cannot_measure_is_named_not_tried(monkeypatch, tmp_path):
-    monkeypatch.setattr(tune, "top_candidate", lambda timing, stage: (None, {"code": "periodic_stalls",
-                                                                           "change": "stages.s.val_period: 3"}))
-    monkeypatch.setattr(tune, "run_trial", lambda plan, d, name, *a: {**dict(name=name, settings={}, status="ok",
-                                                                           images_per_s=100.0), "timing": {}})
-    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log",
-                                   engine_home=tmp_path, window=WINDOW)  # fmt: skip
+    monkeypatch.setattr(
+        tune,
+        "top_candidate",
+        lambda timing, stage: (None, {"code": "periodic_stalls", "change": "stages.s.val_period: 3"}),
+    )
+    monkeypatch.setattr(
+        tune,
+        "run_trial",
+        lambda plan, d, name, *a: {**dict(name=name, settings={}, status="ok", images_per_s=100.0), "timing": {}},
+    )
+    plan, record = tune.tune_stage(
+        make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log", engine_home=tmp_path, window=WINDOW
+    )
     assert record["kept"] == {} and len(record["trials"]) == 1
     assert "val_period: 3) is not one a short training window can measure" in record["summary"]
 
@@ -180,12 +247,18 @@ def test_the_findings_alternative_is_tried_when_the_top_advice_is_no_faster(monk
     """A decode-bound stage on an idle 2-core machine: one loader worker only moves the decoding elsewhere (no
     faster), the RAM cache skips it: the alternative is measured and kept, and nothing else is tried."""
     fake_trials(monkeypatch, {"baseline": 100.0, "advice": 101.0, "advice2": 400.0})
-    monkeypatch.setattr(tune, "top_candidate", lambda timing, stage: (
-        {"workers": 1}, {"code": "data_loading_bound", "change": "stages.s.workers: 1",
-                         "alternatives": [{"cache": "ram"}]}))  # fmt: skip
+    monkeypatch.setattr(
+        tune,
+        "top_candidate",
+        lambda timing, stage: (
+            {"workers": 1},
+            {"code": "data_loading_bound", "change": "stages.s.workers: 1", "alternatives": [{"cache": "ram"}]},
+        ),
+    )
     monkeypatch.setattr(tune, "run_trial", _with_timing(tune.run_trial))
-    plan, record = tune.tune_stage(make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log",
-                                   engine_home=tmp_path, window=WINDOW)  # fmt: skip
+    plan, record = tune.tune_stage(
+        make_plan, tune_dir=tmp_path / "tune", log_path=tmp_path / "log", engine_home=tmp_path, window=WINDOW
+    )
     assert [t["kept"] for t in record["trials"][1:]] == [False, True]
     assert record["kept"] == {"cache": "ram"} and plan["cache"] == "ram" and record["tuned_images_per_s"] == 400.0
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from snakemake_runner import make_workdir, snakemake
+
 from stagedyolo.dataset.testing import jpeg_without_eoi, tree_sha256
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 
@@ -47,9 +47,17 @@ def read_only_dataset(tmp_path):
 def plant_user_files(root: Path) -> dict[str, str]:
     """Files a user keeps where the pipeline writes too: arrays and label caches in the scratch folder, earlier runs in
     yolov5's log folder, folders named like the stages and like the tracking's run folder."""
-    for name in ("arrays/features.npy", "train/images/x.npy", "train/labels.cache", "val/labels.cache",
-                 "smoke/events.out.tfevents.1", "finetune/weights/best.pt", "run/params.json", "train/exp/last.pt",
-                 "user/keep.txt"):  # fmt: skip
+    for name in (
+        "arrays/features.npy",
+        "train/images/x.npy",
+        "train/labels.cache",
+        "val/labels.cache",
+        "smoke/events.out.tfevents.1",
+        "finetune/weights/best.pt",
+        "run/params.json",
+        "train/exp/last.pt",
+        "user/keep.txt",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(f"the user's {name}".encode())
     return tree_sha256(root)
@@ -61,8 +69,12 @@ def test_a_read_only_dataset_trains_and_stays_byte_for_byte_unchanged(tmp_path, 
     scratch, runs = tmp_path / "scratch", tmp_path / "runs"
     planted = {"scratch": plant_user_files(scratch), "runs": plant_user_files(runs)}
     workdir = make_workdir(tmp_path / "project")
-    config = {**CONFIG, "dataset": str(data_yaml), "cache": {**CONFIG["cache"], "dir": str(scratch)},
-              "tracking": {"backend": "tensorboard", "dir": str(runs)}}  # fmt: skip
+    config = {
+        **CONFIG,
+        "dataset": str(data_yaml),
+        "cache": {**CONFIG["cache"], "dir": str(scratch)},
+        "tracking": {"backend": "tensorboard", "dir": str(runs)},
+    }
     (workdir / "user.yaml").write_text(yaml.safe_dump(config))
     snakemake(workdir, configfiles=[workdir / "user.yaml"])
 

@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 from snakemake_runner import REPO
 
 pytestmark = pytest.mark.e2e
@@ -41,17 +40,35 @@ def test_a_wheel_installed_stagedyolo_runs_a_stage(tmp_path):
     shutil.copytree(REPO / "stagedyolo", source / "stagedyolo", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(source)], check=True, cwd=tmp_path)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     wheel = next((tmp_path / "dist").glob("stagedyolo-*.whl"))
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, cwd=tmp_path)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        cwd=tmp_path,
+    )
     run = tmp_path / "run"
     run.mkdir()
     # The wheel's copy first on the path, and a working folder outside the checkout.
     env = {**os.environ, "PYTHONPATH": str(site)}
-    result = subprocess.run([sys.executable, "-c", STAGE, str(site)], cwd=run, env=env, capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", STAGE, str(site)], cwd=run, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-4000:] + (run / "s.log").read_text()[-4000:]
     assert result.stdout.strip().splitlines()[-1] == "s"

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from snakemake_runner import REPO, SNAKEMAKE
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())

@@ -91,14 +91,20 @@ def decide_cache_mode(
             f"images at {max_imgsz}px need {ram_need / gib:.2f} GiB RAM <= budget {ram_budget / gib:.2f} GiB",
         )
     elif fits_disk:
-        decision, reason = "disk", (
-            f"RAM needed {ram_need / gib:.2f} GiB > budget {ram_budget / gib:.2f} GiB; full-resolution .npy need "
-            f"{disk_need / gib:.2f} GiB <= free disk budget {disk_budget / gib:.2f} GiB at {cache_dir}"
+        decision, reason = (
+            "disk",
+            (
+                f"RAM needed {ram_need / gib:.2f} GiB > budget {ram_budget / gib:.2f} GiB; full-resolution .npy need "
+                f"{disk_need / gib:.2f} GiB <= free disk budget {disk_budget / gib:.2f} GiB at {cache_dir}"
+            ),
         )
     else:
-        decision, reason = "none", (
-            f"neither fits: RAM {ram_need / gib:.2f} GiB > {ram_budget / gib:.2f} GiB and disk "
-            f"{disk_need / gib:.2f} GiB > {disk_budget / gib:.2f} GiB; images are decoded every epoch"
+        decision, reason = (
+            "none",
+            (
+                f"neither fits: RAM {ram_need / gib:.2f} GiB > {ram_budget / gib:.2f} GiB and disk "
+                f"{disk_need / gib:.2f} GiB > {disk_budget / gib:.2f} GiB; images are decoded every epoch"
+            ),
         )
     warning = None
     if decision == "ram" and not fits_ram:
@@ -223,8 +229,9 @@ def _npy_complete(npy: Path, size: int) -> bool:
     try:
         with open(npy, "rb") as fh:
             version = np.lib.format.read_magic(fh)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)  # fmt: skip
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
             shape, _fortran, dtype = read_header(fh)
             return size == fh.tell() + int(np.prod(shape)) * dtype.itemsize
     except (OSError, ValueError):
@@ -290,15 +297,24 @@ def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) 
     (other sizes, or none built) is deleted: each holds every image at one size."""
     root = owned_copy(staged_data_yaml, "the image store")
     if not sizes:
-        return {"root": None, "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
-                "removed": drop_stores(root)}  # fmt: skip
+        return {
+            "root": None,
+            "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
+            "removed": drop_stores(root),
+        }
     sizes = sorted({store_size(s) for s in sizes})
     # The RAM estimate is for the largest size; smaller sizes need less. Train and val stores hold one copy each.
     need = decision["ram_needed_bytes"] * len(sizes)
     if need > decision["disk_budget_bytes"]:
-        return {"root": None, "reason": f"not built: {need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache "
-                f"dir's free-disk budget; each stage's yolov5 caches itself", "removed": drop_stores(root)}  # fmt: skip
+        return {
+            "root": None,
+            "reason": f"not built: {need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache "
+            f"dir's free-disk budget; each stage's yolov5 caches itself",
+            "removed": drop_stores(root),
+        }
     built = build_store(root, staged_images(staged_data_yaml), sizes)
-    reason = (f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
-              f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s")
+    reason = (
+        f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
+        f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s"
+    )
     return {"root": str(root), "reason": reason, **built}

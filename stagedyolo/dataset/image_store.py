@@ -70,10 +70,16 @@ def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: 
                 stores[str(path)] = len(files)
         decoded = _write_stores(todo)
         removed = _drop_stores_but(Path(root), {Path(p).name for p in stores})
-    return {"dir": str(Path(root) / STORE_DIR), "sizes": sorted(set(sizes)), "stores": stores,
-            "images": len({f for files in images_by_split.values() for f in files}), "decoded": decoded,
-            "removed": removed, "bytes": sum(_size(Path(p) / BLOB) for p in stores),
-            "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+    return {
+        "dir": str(Path(root) / STORE_DIR),
+        "sizes": sorted(set(sizes)),
+        "stores": stores,
+        "images": len({f for files in images_by_split.values() for f in files}),
+        "decoded": decoded,
+        "removed": removed,
+        "bytes": sum(_size(Path(p) / BLOB) for p in stores),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
 
 
 def drop_stores(root: str | Path) -> list[str]:
@@ -111,8 +117,14 @@ def _write_stores(todo) -> int:
         for path, img, augment, files in todo:
             path.mkdir(parents=True, exist_ok=True)
             tmp = temp_path(path / BLOB)
-            writers[path] = {"tmp": tmp, "fh": open(tmp, "wb"), "index": {}, "img": img, "augment": augment,
-                             "files": set(files)}  # fmt: skip
+            writers[path] = {
+                "tmp": tmp,
+                "fh": open(tmp, "wb"),
+                "index": {},
+                "img": img,
+                "augment": augment,
+                "files": set(files),
+            }
         unique = sorted({f for *_, files in todo for f in files})
         for f in unique:
             _append_image(f, writers.values())
@@ -135,8 +147,15 @@ def _append_image(f: str, writers) -> None:
         if f not in w["files"]:
             continue
         out = np.ascontiguousarray(resize_like_yolov5(im, w["img"], w["augment"]))
-        w["index"][f] = [w["fh"].tell(), out.shape[0], out.shape[1], im.shape[0], im.shape[1], st.st_mtime_ns,
-                         st.st_size]  # fmt: skip
+        w["index"][f] = [
+            w["fh"].tell(),
+            out.shape[0],
+            out.shape[1],
+            im.shape[0],
+            im.shape[1],
+            st.st_mtime_ns,
+            st.st_size,
+        ]
         w["fh"].write(out.tobytes())
 
 
@@ -203,13 +222,18 @@ def fill_from_store(dataset, root: str | Path, img: int, augment: bool) -> dict:
         e = index.get(f) if index else None
         if e is not None and _unchanged(f, e):
             off, h, w, h0, w0 = e[:5]
-            dataset.ims[i] = blob[off:off + h * w * 3].reshape(h, w, 3)
+            dataset.ims[i] = blob[off : off + h * w * 3].reshape(h, w, 3)
             dataset.im_hw0[i], dataset.im_hw[i] = (h0, w0), (h, w)
         else:
             dataset.ims[i], dataset.im_hw0[i], dataset.im_hw[i] = dataset.load_image(i)
             decoded += 1
-    return {"split": "train" if augment else "val", "images": n, "from_store": n - decoded, "decoded": decoded,
-            "seconds": round(time.monotonic() - t0, 4)}
+    return {
+        "split": "train" if augment else "val",
+        "images": n,
+        "from_store": n - decoded,
+        "decoded": decoded,
+        "seconds": round(time.monotonic() - t0, 4),
+    }
 
 
 def serve_ram_cache(root: str | Path | None, records: list) -> None:
@@ -226,8 +250,11 @@ def serve_ram_cache(root: str | Path | None, records: list) -> None:
         if root is None:
             original(self, *args, **kwargs)
             cached = self.ims[0] is not None if self.ims else False  # yolov5's own RAM check may have said no
-            record = {"source": "engine" if cached else "none", "images": len(self.im_files),
-                      "decoded": len(self.im_files) if cached else 0}  # fmt: skip
+            record = {
+                "source": "engine" if cached else "none",
+                "images": len(self.im_files),
+                "decoded": len(self.im_files) if cached else 0,
+            }
         else:
             original(self, *args, **{**kwargs, "cache_images": False})
             record = fill_from_store(self, root, self.img_size, self.augment)

@@ -84,8 +84,15 @@ def _stage(data: dict, report: dict, cache: Path, exclude: set, hardlinks: bool)
     plan, split_dirs = _plan(data, cache, exclude)
     manifest_path = cache / "manifest.json"
     old = _load_manifest(manifest_path)
-    stats = {"copied": 0, "linked": 0, "unchanged": 0, "removed": 0, "npy_invalidated": 0, "bytes_copied": 0,
-             "temps_removed": leftovers}  # fmt: skip
+    stats = {
+        "copied": 0,
+        "linked": 0,
+        "unchanged": 0,
+        "removed": 0,
+        "npy_invalidated": 0,
+        "bytes_copied": 0,
+        "temps_removed": leftovers,
+    }
     new_entries = {}
 
     for rel, (src, kind, _split) in plan.items():

@@ -65,7 +65,21 @@ def tree_sha256(root: Path) -> dict[str, str]:
 # model small (img 64): every batch decodes and heavily augments in the training process itself (workers 0, no cache).
 HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}
 LOADER_BOUND_SPEC = {
-    "epochs": 1, "img": 64, "batch": 8, "workers": 0, "freeze": 0, "lr0": 0.002, "optimizer": "AdamW",
-    "hyp": HEAVY_AUGMENTATION, "cache": "none", "amp": "auto", "device": "cpu", "val_period": 1, "gpus": 1,
-    "sync_bn": False, "plots": False, "nosave": True, "lr_scaling": "none",
-}  # fmt: skip
+    "epochs": 1,
+    "img": 64,
+    "batch": 8,
+    "workers": 0,
+    "freeze": 0,
+    "lr0": 0.002,
+    "optimizer": "AdamW",
+    "hyp": HEAVY_AUGMENTATION,
+    "cache": "none",
+    "amp": "auto",
+    "device": "cpu",
+    "val_period": 1,
+    "gpus": 1,
+    "sync_bn": False,
+    "plots": False,
+    "nosave": True,
+    "lr_scaling": "none",
+}

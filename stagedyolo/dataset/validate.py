@@ -12,10 +12,10 @@ pipeline hands YOLOv5 only the staged data.yaml, whose paths are absolute, so th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

@@ -22,22 +22,36 @@ def amp_verdict(model_runs: list[dict], cuda: bool) -> dict:
     evidence = []
     threads = min((r["torch_threads"] for r in model_runs), default=None)  # on CUDA every run has the same count
     for batch in sorted({r["batch"] for r in model_runs}):
-        sides = {r["amp"]: r for r in model_runs if r["batch"] == batch and r.get("status", "ok") == "ok"
-                 and r["torch_threads"] == threads}  # fmt: skip
+        sides = {
+            r["amp"]: r
+            for r in model_runs
+            if r["batch"] == batch and r.get("status", "ok") == "ok" and r["torch_threads"] == threads
+        }
         if True in sides and False in sides:
-            evidence.append({"batch": batch, "amp_images_per_s": sides[True]["images_per_s"],
-                             "fp32_images_per_s": sides[False]["images_per_s"],
-                             "amp_steps": sides[True].get("steps"), "fp32_steps": sides[False].get("steps")})  # fmt: skip
+            evidence.append(
+                {
+                    "batch": batch,
+                    "amp_images_per_s": sides[True]["images_per_s"],
+                    "fp32_images_per_s": sides[False]["images_per_s"],
+                    "amp_steps": sides[True].get("steps"),
+                    "fp32_steps": sides[False].get("steps"),
+                }
+            )
     conclusive = [e for e in evidence if min(e["amp_steps"] or 0, e["fp32_steps"] or 0) >= AMP_MIN_STEPS]
-    slower = [e for e in conclusive
-              if e["amp_images_per_s"] <= (1 - AMP_SLOWER_TO_DISABLE) * e["fp32_images_per_s"]]  # fmt: skip
+    slower = [e for e in conclusive if e["amp_images_per_s"] <= (1 - AMP_SLOWER_TO_DISABLE) * e["fp32_images_per_s"]]
     if conclusive and len(slower) == len(evidence):
         figures = ", ".join(f"batch {e['batch']}: {e['amp_images_per_s']} vs {e['fp32_images_per_s']}" for e in slower)
-        return {"amp": False, "evidence": evidence,
-                "reason": f"off: AMP measured >= {AMP_SLOWER_TO_DISABLE:.0%} slower than fp32 over >= "
-                          f"{AMP_MIN_STEPS} steps each ({figures} images/s)"}  # fmt: skip
-    why = "not measured" if not evidence else (
-        "AMP not >= {:.0%} slower at every batch over >= {} steps each".format(AMP_SLOWER_TO_DISABLE, AMP_MIN_STEPS))
+        return {
+            "amp": False,
+            "evidence": evidence,
+            "reason": f"off: AMP measured >= {AMP_SLOWER_TO_DISABLE:.0%} slower than fp32 over >= "
+            f"{AMP_MIN_STEPS} steps each ({figures} images/s)",
+        }
+    why = (
+        "not measured"
+        if not evidence
+        else (f"AMP not >= {AMP_SLOWER_TO_DISABLE:.0%} slower at every batch over >= {AMP_MIN_STEPS} steps each")
+    )
     return {"amp": True, "reason": f"on with CUDA (the default; {why})", "evidence": evidence}
 
 
@@ -46,8 +60,11 @@ def decide_amp(setting, cuda: bool, source: str = "config", bf16_supported: bool
     `source` says who set a true/false: the config, or the probe for `amp: auto`."""
     if not cuda:
         asked = setting is True or setting == "bf16"
-        why = f"amp: {_name(setting)} from {source}, but yolov5's AMP does not apply on the CPU" if asked else \
-            "AMP needs CUDA"  # fmt: skip
+        why = (
+            f"amp: {_name(setting)} from {source}, but yolov5's AMP does not apply on the CPU"
+            if asked
+            else "AMP needs CUDA"
+        )
         return {"amp": False, "dtype": None, "reason": f"off on CPU ({why})"}
     if setting == "bf16":
         if bf16_supported:
@@ -55,8 +72,11 @@ def decide_amp(setting, cuda: bool, source: str = "config", bf16_supported: bool
         return {"amp": True, "dtype": "float16", "reason": f"bf16 from {source}, but this GPU lacks bfloat16: fp16"}
     if setting == "auto":
         return {"amp": True, "dtype": "float16", "reason": "auto: on with CUDA"}
-    return {"amp": bool(setting), "dtype": "float16" if setting else None, "reason": f"amp: {_name(setting)} from "
-            f"{source}"}  # fmt: skip
+    return {
+        "amp": bool(setting),
+        "dtype": "float16" if setting else None,
+        "reason": f"amp: {_name(setting)} from {source}",
+    }
 
 
 def _name(setting) -> str:

@@ -34,8 +34,13 @@ def read_checkpoint(path: Path, env: dict, log) -> dict:
     Raises CheckpointUnanswered when the reader wrote neither."""
     out = path.with_name(path.name + ".epoch.json")
     out.unlink(missing_ok=True)
-    result = supervise([sys.executable, "-m", __name__, str(path), str(out)], env, stdout=log,
-                       stderr=subprocess.STDOUT, timeout_s=READ_TIMEOUT_S)  # fmt: skip
+    result = supervise(
+        [sys.executable, "-m", __name__, str(path), str(out)],
+        env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        timeout_s=READ_TIMEOUT_S,
+    )
     answer = read_json(out)
     out.unlink(missing_ok=True)
     if not answer:
@@ -70,9 +75,11 @@ def nonfinite_checkpoints(paths: list[Path], torch) -> str | None:
     for path in (path for path in paths if path.exists()):
         bad = nonfinite_weights(torch.load(path, map_location="cpu", weights_only=False), torch)
         if bad:
-            return (f"{path.name} holds non-finite weights after training ({', '.join(bad[:3])}...), though the loss "
-                    "read finite where it was checked: the stage is not published. Usual causes: the learning rate "
-                    "is too high, or AMP (fp16) overflows; try a tenth of its lr0, or amp: false.")  # fmt: skip
+            return (
+                f"{path.name} holds non-finite weights after training ({', '.join(bad[:3])}...), though the loss "
+                "read finite where it was checked: the stage is not published. Usual causes: the learning rate "
+                "is too high, or AMP (fp16) overflows; try a tenth of its lr0, or amp: false."
+            )
     return None
 
 

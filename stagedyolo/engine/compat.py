@@ -72,8 +72,13 @@ def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
 def sourceless_inspect_module() -> types.SimpleNamespace:
     """The inspect module, except that stack() and getframeinfo() read no source lines (getframeinfo as with
     context=0: the same filename, line and function)."""
-    return types.SimpleNamespace(**{**vars(inspect), "stack": stack_without_source,
-                                    "getframeinfo": functools.partial(inspect.getframeinfo, context=0)})  # fmt: skip
+    return types.SimpleNamespace(
+        **{
+            **vars(inspect),
+            "stack": stack_without_source,
+            "getframeinfo": functools.partial(inspect.getframeinfo, context=0),
+        }
+    )
 
 
 class LoaderWrappingFinder:
@@ -138,8 +143,9 @@ def defer_imports() -> None:
 # importing a module a second time reads its __spec__. importlib's LazyLoader executes on these reads too, so with it
 # requests and pyplot would run at import after all. `__path__` is not among them: importing a package's submodule
 # reads it, and the package's own code must run first.
-MODULE_IDENTITY = frozenset({"__class__", "__name__", "__spec__", "__file__", "__cached__", "__loader__",
-                             "__package__"})  # fmt: skip
+MODULE_IDENTITY = frozenset(
+    {"__class__", "__name__", "__spec__", "__file__", "__cached__", "__loader__", "__package__"}
+)
 
 
 class DeferredModule(types.ModuleType):

@@ -38,7 +38,8 @@ def handover_path(last: str | Path) -> Path:
 
 def read_handover(path: str | Path, torch) -> dict:
     """What the next stage needs to know before train.py starts: the LR the stage handed over, how many epochs the
-    training has run, and the fitness it reached at which image size. Raises ValueError when the file is not a handover checkpoint."""
+    training has run, and the fitness it reached at which image size. Raises ValueError when the file is not a
+    handover checkpoint."""
     ckpt = torch.load(str(path), map_location="cpu", weights_only=False)  # this run's own file (docs/robustness.md)
     if not ckpt.get("optimizer") or ckpt.get("ema") is None:
         raise ValueError(f"{path} holds no optimizer or EMA state (a stripped checkpoint): it cannot be continued")

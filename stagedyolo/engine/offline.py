@@ -55,4 +55,3 @@ def engine_environment(config_dir: str | os.PathLike, base: dict | None = None) 
     env["YOLOV5_CONFIG_DIR"] = config_dir  # fonts + yolov5 settings, never ~/.config
     env["YOLO_CONFIG_DIR"] = config_dir  # ultralytics settings
     return env
-

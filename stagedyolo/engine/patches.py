@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Callable
 
 from stagedyolo.engine import compat
 from stagedyolo.engine.continuation import Continuation
@@ -122,15 +122,19 @@ def _source_edit(old: str, new: str, name: str, value: Callable[[EngineContext],
 NOMINAL_BATCH_EDIT = _source_edit(
     "nbs = 64  # nominal batch size",
     "nbs = _STAGEDYOLO_NOMINAL_BATCH  # nominal batch size (stagedyolo: per stage)",
-    "_STAGEDYOLO_NOMINAL_BATCH", lambda ctx: ctx.plan["nominal_batch"],
-)  # fmt: skip
+    "_STAGEDYOLO_NOMINAL_BATCH",
+    lambda ctx: ctx.plan["nominal_batch"],
+)
 WARMUP_FLOOR_EDIT = _source_edit(
     "nw = max(round(hyp['warmup_epochs'] * nb), 100)",
     "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)",
-    "_STAGEDYOLO_MIN_WARMUP_ITERS", lambda ctx: ctx.plan["min_warmup_iters"],
-)  # fmt: skip
-AUTOCAST_OLD, AUTOCAST_NEW = ("with torch.cuda.amp.autocast(amp):",
-                               "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):")
+    "_STAGEDYOLO_MIN_WARMUP_ITERS",
+    lambda ctx: ctx.plan["min_warmup_iters"],
+)
+AUTOCAST_OLD, AUTOCAST_NEW = (
+    "with torch.cuda.amp.autocast(amp):",
+    "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):",
+)
 
 
 def _autocast_bf16(ctx: EngineContext) -> None:
@@ -144,20 +148,28 @@ def _bf16_requested(ctx: EngineContext) -> str | None:
 
 _LOG_EVERY_EDIT = _source_edit(
     "                pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
-    "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
-    "_STAGEDYOLO_LOG_EVERY", lambda ctx: LOG_EVERY,
-)  # fmt: skip
+    "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: "
+    "pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
+    "_STAGEDYOLO_LOG_EVERY",
+    lambda ctx: LOG_EVERY,
+)
 
 
 CONTINUATION_EDITS = (
-    ("        del ckpt, csd",
-     "        _STAGEDYOLO_CONTINUATION.take_up(ckpt, optimizer, ema, resume)\n        del ckpt, csd"),
-    ("    scaler = torch.cuda.amp.GradScaler(enabled=amp)",
-     "    scaler = _STAGEDYOLO_CONTINUATION.scaler(torch.cuda.amp.GradScaler(enabled=amp))"),
-    ("                    'updates': ema.updates,",
-     "                    'updates': ema.updates, 'scaler': scaler.state_dict(),\n"
-     "                    'recipe_epochs': _STAGEDYOLO_EPOCHS_BEFORE + epoch + 1,"),
-)  # fmt: skip
+    (
+        "        del ckpt, csd",
+        "        _STAGEDYOLO_CONTINUATION.take_up(ckpt, optimizer, ema, resume)\n        del ckpt, csd",
+    ),
+    (
+        "    scaler = torch.cuda.amp.GradScaler(enabled=amp)",
+        "    scaler = _STAGEDYOLO_CONTINUATION.scaler(torch.cuda.amp.GradScaler(enabled=amp))",
+    ),
+    (
+        "                    'updates': ema.updates,",
+        "                    'updates': ema.updates, 'scaler': scaler.state_dict(),\n"
+        "                    'recipe_epochs': _STAGEDYOLO_EPOCHS_BEFORE + epoch + 1,",
+    ),
+)
 
 
 def _continuation(ctx: EngineContext) -> None:
@@ -261,7 +273,7 @@ def _foreach_ema(ctx: EngineContext) -> None:
 
 
 def _fused_optimizer(ctx: EngineContext) -> None:
-    smart_optimizer, torch = ctx.train.smart_optimizer, ctx.torch
+    smart_optimizer = ctx.train.smart_optimizer
 
     def smart_optimizer_fused(model, name="Adam", lr=0.001, momentum=0.9, decay=1e-5):
         plain = smart_optimizer(model, name, lr, momentum, decay)  # yolov5's groups, hyperparameters and log line
@@ -303,109 +315,235 @@ def foreach_model_ema(model_ema_class, torch):
 
 # --------------------------------------------------------------------------------------------- the table
 PATCHES: tuple[Patch, ...] = (
-    Patch("offline_environment", "process environment (ultralytics, torch.load, online loggers, HF hub)",
-          "yolov5/ultralytics reach the network at run time and torch >= 2.6 refuses yolov5 checkpoints; "
-          "stagedyolo.engine.offline.OFFLINE_ENV answers each place",
-          "always", "no training number changes; tests/test_pipeline_e2e.py audits that no connection is attempted",
-          _offline_environment, phase="process"),
-    Patch("numpy_trapz", "numpy.trapz", "numpy 2.4 removed np.trapz, which yolov5's metrics call at validation",
-          "numpy lacks trapz", "none: the same function under its new name (np.trapezoid)",
-          lambda ctx: compat.numpy_trapz(), _numpy_has_trapz, phase="process"),
-    Patch("pillow_getsize", "PIL.ImageFont.FreeTypeFont.getsize",
-          "Pillow 10 removed getsize, which yolov5's plot annotator calls", "Pillow lacks getsize",
-          "none: plots only", lambda ctx: compat.pillow_getsize(), _pillow_has_getsize, phase="process"),
-    Patch("atomic_save", "torch.save (yolov5's last.pt/best.pt)",
-          "a kill mid-save must leave the previous complete checkpoint, never a torn one", "always",
-          "no fsync: it cost ~0.5 s per save on this CPU, two saves an epoch", lambda ctx: compat.atomic_torch_save(),
-          phase="process"),
-    Patch("deferred_imports", "seaborn, matplotlib.pyplot, requests, boto3 (imported by yolov5 and TensorBoard)",
-          "imported at module level for plots a stage draws only with `plots: true`, URLs it never opens and s3:// "
-          "log paths; each executes on its first use instead",
-          "always (with plots on, seaborn and pyplot load when the first plot is drawn; a stage's train.py imports "
-          "roboflow, which executes requests)",
-          "seaborn alone: torch + yolov5 train/val/export imports 10.3 -> 9.0 s; pyplot and boto3 too: a stage's "
-          "engine imports 7.58 -> 6.91 s (medians of 5 alternating processes, 2-core CPU, "
-          "benchmarks/results/engine_imports.md)",
-          lambda ctx: compat.defer_imports(), phase="process"),
-    Patch("sourceless_inspect", "inspect as yolov5.utils.general uses it (import-time stack(), print_args)",
-          "both read source lines for a filename, and print_args is train.main's first log line",
-          "always (the same filenames, lines and function names: the same cv2.imread decision and log line)",
-          "torch + yolov5 train.py imports 8.93 -> 8.09 s and train.main's print_args 1.38 -> 0.00 s, medians of 5 "
-          "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)",
-          lambda ctx: compat.sourceless_inspect(), phase="process"),
-    Patch("ddp_timeout", "torch.distributed.init_process_group default timeout",
-          "yolov5 passes none, so one dead rank leaves the others waiting 3 h", "launched with a DDP timeout",
-          "bounds a hang; no effect on training", _ddp_timeout, _ddp_timeout_configured, phase="process"),
-    Patch("nominal_batch", "train.py `nbs = 64`",
-          "64 images per optimizer step leaves a small dataset few steps per epoch; settable per stage",
-          "always (the default 64 is yolov5's)",
-          "demo frozen stage, 8 epochs from the demo weights, with min_warmup_iters 0: mAP50 0.58 -> 0.82 (README)",
-          NOMINAL_BATCH_EDIT, phase="source"),
-    Patch("warmup_floor", "train.py `nw = max(..., 100)`",
-          "warmup lasts at least 100 iterations whatever warmup_epochs says; settable per stage",
-          "always (the default 100 is yolov5's)", "see nominal_batch (measured together)", WARMUP_FLOOR_EDIT,
-          phase="source"),
-    Patch("continuation", "train.py after the model, optimizer and EMA are built (`del ckpt, csd`), its GradScaler "
-          "and its checkpoint dict",
-          "a stage continues the previous stage's training (stagedyolo.engine.continuation): optimizer state, EMA "
-          "and its update count, AMP scale; every checkpoint also keeps the scaler and the epochs trained so far",
-          "always (a stage that starts from the model or restarts from weights only saves the extra state)",
-          "the recipe's figures: benchmarks/results/naive_vs_staged.md", _continuation, _continuation_set,
-          phase="source"),
-    Patch("amp_bf16", "train.py `torch.cuda.amp.autocast(amp)`",
-          "yolov5 autocasts to fp16 only; bfloat16 has fp32's range, so no overflow and no loss scaling to tune",
-          "amp: bf16 on a GPU that supports it (stagedyolo.engine.amp)", "GPU: open (no GPU here)",
-          _autocast_bf16, _bf16_requested, phase="source"),
-    Patch("sync_every_batches", "train.py progress bar `pbar.set_description` (and the NaN guard)",
-          "formatting the CUDA loss tensors every batch makes the host wait for the GPU each step",
-          "fast mode, CUDA", "GPU: open (no GPU here); on the CPU there is nothing to wait for",
-          _sync_every_batches, _cuda_only, fast_only=True, phase="source"),
-    Patch("handover_checkpoint", "train.strip_optimizer (last.pt at the end of training)",
-          "yolov5 strips the optimizer and EMA state from last.pt; the next stage needs it, so last.pt is kept "
-          "first as continue.pt (the published last.pt and best.pt are stripped as yolov5 leaves them)",
-          "always", "one copy of last.pt per stage", _handover_checkpoint, _continuation_set),
-    Patch("amp_decision", "train.check_amp",
-          "check_amp may download yolov5n.pt and silently turns AMP off on failure: the plan decides AMP",
-          "always", "no download; AMP is what `amp` says (stagedyolo.engine.amp)", _amp_decision),
-    Patch("val_period", "train.validate.run (in the epoch loop)",
-          "yolov5 has no validate-every-N option and its --noval is broken in 7.0.14",
-          "always (val_period 1 validates every epoch, as yolov5)",
-          "val_period 5 vs 1, frozen stage, 10 epochs: epoch train+val 0.822x (benchmarks/results/val_period.json)",
-          _val_period),
-    Patch("patience_off", "train.parse_opt (opt.patience = 0)",
-          "yolov5's default patience of 100 epochs applies whether or not the stage sets one; a stage's own "
-          "`patience` (stagedyolo.engine.stopping, judged on validated epochs) replaces it", "always",
-          "no effect on a stage shorter than yolov5's patience of 100 epochs", _patience_off),
-    Patch("nonfinite_guard", "Callbacks on_train_batch_end (callbacks.stop_training)",
-          "a NaN/Inf loss would otherwise train on for hours", "always",
-          "stops within one batch (LOG_EVERY batches with sync_every_batches)", _nonfinite_guard),
-    Patch("fault_injection", "Callbacks on_train_batch_start/end", "tests only: inject NaN, OOM or slow batches",
-          "STAGEDYOLO_TEST_FAULT set", "tests only", _fault_injection, _fault_requested),
-    Patch("nondeterministic", "train.init_seeds(..., deterministic=True)",
-          "it turns on torch.use_deterministic_algorithms and cudnn.deterministic and leaves cudnn.benchmark off",
-          "fast mode, CUDA", "GPU: open (no GPU here)", _nondeterministic, _cuda_only, fast_only=True),
-    Patch("channels_last", "the model's memory format (at train.check_amp, once the model is built)",
-          "NHWC convolutions use tensor cores without transposes", "fast mode, CUDA", "GPU: open (no GPU here)",
-          _channels_last, _cuda_only, fast_only=True),
-    Patch("compile", "the model's forward (nn.Module.compile, at train.check_amp)",
-          "fuses the many small kernels of a YOLOv5 step; compile time goes to timing.json",
-          "fast mode, engine.compile: true, CUDA", "GPU: open (no GPU here)", _compile, _compile_requested,
-          fast_only=True),
-    Patch("foreach_ema", "train.ModelEMA.update",
-          "it walks the state dict in Python, two kernels per tensor, every step",
-          "fast mode",
-          "CPU (yolov5n, 128 px, batch 16): the update 36.6 -> 35.9 ms (1.02x, 0.1 % of a step); whole stages "
-          "0.97x (0.83-1.21, within the shared machine's noise); final mAP50 unchanged. GPU: open "
-          "(benchmarks/results/engine_speed.json)", _foreach_ema,
-          fast_only=True),
-    Patch("fused_optimizer", "train.smart_optimizer (fused=True, same groups and hyperparameters)",
-          "torch's default optimizer step loops over parameters in Python on the CPU (foreach on CUDA); fused is one "
-          "kernel",
-          "fast mode, SGD/Adam/AdamW",
-          "CPU (yolov5n, 128 px, batch 16, AdamW): the step 57.4 -> 15.7 ms (3.66x, 4.3 % of a forward+backward); "
-          "whole stages 1.29x (1.01-1.43); final mAP50 unchanged. GPU: open (benchmarks/results/engine_speed.json)",
-          _fused_optimizer, _fused_supported, fast_only=True),
-)  # fmt: skip
+    Patch(
+        "offline_environment",
+        "process environment (ultralytics, torch.load, online loggers, HF hub)",
+        "yolov5/ultralytics reach the network at run time and torch >= 2.6 refuses yolov5 checkpoints; "
+        "stagedyolo.engine.offline.OFFLINE_ENV answers each place",
+        "always",
+        "no training number changes; tests/test_pipeline_e2e.py audits that no connection is attempted",
+        _offline_environment,
+        phase="process",
+    ),
+    Patch(
+        "numpy_trapz",
+        "numpy.trapz",
+        "numpy 2.4 removed np.trapz, which yolov5's metrics call at validation",
+        "numpy lacks trapz",
+        "none: the same function under its new name (np.trapezoid)",
+        lambda ctx: compat.numpy_trapz(),
+        _numpy_has_trapz,
+        phase="process",
+    ),
+    Patch(
+        "pillow_getsize",
+        "PIL.ImageFont.FreeTypeFont.getsize",
+        "Pillow 10 removed getsize, which yolov5's plot annotator calls",
+        "Pillow lacks getsize",
+        "none: plots only",
+        lambda ctx: compat.pillow_getsize(),
+        _pillow_has_getsize,
+        phase="process",
+    ),
+    Patch(
+        "atomic_save",
+        "torch.save (yolov5's last.pt/best.pt)",
+        "a kill mid-save must leave the previous complete checkpoint, never a torn one",
+        "always",
+        "no fsync: it cost ~0.5 s per save on this CPU, two saves an epoch",
+        lambda ctx: compat.atomic_torch_save(),
+        phase="process",
+    ),
+    Patch(
+        "deferred_imports",
+        "seaborn, matplotlib.pyplot, requests, boto3 (imported by yolov5 and TensorBoard)",
+        "imported at module level for plots a stage draws only with `plots: true`, URLs it never opens and s3:// "
+        "log paths; each executes on its first use instead",
+        "always (with plots on, seaborn and pyplot load when the first plot is drawn; a stage's train.py imports "
+        "roboflow, which executes requests)",
+        "seaborn alone: torch + yolov5 train/val/export imports 10.3 -> 9.0 s; pyplot and boto3 too: a stage's "
+        "engine imports 7.58 -> 6.91 s (medians of 5 alternating processes, 2-core CPU, "
+        "benchmarks/results/engine_imports.md)",
+        lambda ctx: compat.defer_imports(),
+        phase="process",
+    ),
+    Patch(
+        "sourceless_inspect",
+        "inspect as yolov5.utils.general uses it (import-time stack(), print_args)",
+        "both read source lines for a filename, and print_args is train.main's first log line",
+        "always (the same filenames, lines and function names: the same cv2.imread decision and log line)",
+        "torch + yolov5 train.py imports 8.93 -> 8.09 s and train.main's print_args 1.38 -> 0.00 s, medians of 5 "
+        "alternating processes, 2-core CPU (benchmarks/results/process_overhead.md)",
+        lambda ctx: compat.sourceless_inspect(),
+        phase="process",
+    ),
+    Patch(
+        "ddp_timeout",
+        "torch.distributed.init_process_group default timeout",
+        "yolov5 passes none, so one dead rank leaves the others waiting 3 h",
+        "launched with a DDP timeout",
+        "bounds a hang; no effect on training",
+        _ddp_timeout,
+        _ddp_timeout_configured,
+        phase="process",
+    ),
+    Patch(
+        "nominal_batch",
+        "train.py `nbs = 64`",
+        "64 images per optimizer step leaves a small dataset few steps per epoch; settable per stage",
+        "always (the default 64 is yolov5's)",
+        "demo frozen stage, 8 epochs from the demo weights, with min_warmup_iters 0: mAP50 0.58 -> 0.82 (README)",
+        NOMINAL_BATCH_EDIT,
+        phase="source",
+    ),
+    Patch(
+        "warmup_floor",
+        "train.py `nw = max(..., 100)`",
+        "warmup lasts at least 100 iterations whatever warmup_epochs says; settable per stage",
+        "always (the default 100 is yolov5's)",
+        "see nominal_batch (measured together)",
+        WARMUP_FLOOR_EDIT,
+        phase="source",
+    ),
+    Patch(
+        "continuation",
+        "train.py after the model, optimizer and EMA are built (`del ckpt, csd`), its GradScaler "
+        "and its checkpoint dict",
+        "a stage continues the previous stage's training (stagedyolo.engine.continuation): optimizer state, EMA "
+        "and its update count, AMP scale; every checkpoint also keeps the scaler and the epochs trained so far",
+        "always (a stage that starts from the model or restarts from weights only saves the extra state)",
+        "the recipe's figures: benchmarks/results/naive_vs_staged.md",
+        _continuation,
+        _continuation_set,
+        phase="source",
+    ),
+    Patch(
+        "amp_bf16",
+        "train.py `torch.cuda.amp.autocast(amp)`",
+        "yolov5 autocasts to fp16 only; bfloat16 has fp32's range, so no overflow and no loss scaling to tune",
+        "amp: bf16 on a GPU that supports it (stagedyolo.engine.amp)",
+        "GPU: open (no GPU here)",
+        _autocast_bf16,
+        _bf16_requested,
+        phase="source",
+    ),
+    Patch(
+        "sync_every_batches",
+        "train.py progress bar `pbar.set_description` (and the NaN guard)",
+        "formatting the CUDA loss tensors every batch makes the host wait for the GPU each step",
+        "fast mode, CUDA",
+        "GPU: open (no GPU here); on the CPU there is nothing to wait for",
+        _sync_every_batches,
+        _cuda_only,
+        fast_only=True,
+        phase="source",
+    ),
+    Patch(
+        "handover_checkpoint",
+        "train.strip_optimizer (last.pt at the end of training)",
+        "yolov5 strips the optimizer and EMA state from last.pt; the next stage needs it, so last.pt is kept "
+        "first as continue.pt (the published last.pt and best.pt are stripped as yolov5 leaves them)",
+        "always",
+        "one copy of last.pt per stage",
+        _handover_checkpoint,
+        _continuation_set,
+    ),
+    Patch(
+        "amp_decision",
+        "train.check_amp",
+        "check_amp may download yolov5n.pt and silently turns AMP off on failure: the plan decides AMP",
+        "always",
+        "no download; AMP is what `amp` says (stagedyolo.engine.amp)",
+        _amp_decision,
+    ),
+    Patch(
+        "val_period",
+        "train.validate.run (in the epoch loop)",
+        "yolov5 has no validate-every-N option and its --noval is broken in 7.0.14",
+        "always (val_period 1 validates every epoch, as yolov5)",
+        "val_period 5 vs 1, frozen stage, 10 epochs: epoch train+val 0.822x (benchmarks/results/val_period.json)",
+        _val_period,
+    ),
+    Patch(
+        "patience_off",
+        "train.parse_opt (opt.patience = 0)",
+        "yolov5's default patience of 100 epochs applies whether or not the stage sets one; a stage's own "
+        "`patience` (stagedyolo.engine.stopping, judged on validated epochs) replaces it",
+        "always",
+        "no effect on a stage shorter than yolov5's patience of 100 epochs",
+        _patience_off,
+    ),
+    Patch(
+        "nonfinite_guard",
+        "Callbacks on_train_batch_end (callbacks.stop_training)",
+        "a NaN/Inf loss would otherwise train on for hours",
+        "always",
+        "stops within one batch (LOG_EVERY batches with sync_every_batches)",
+        _nonfinite_guard,
+    ),
+    Patch(
+        "fault_injection",
+        "Callbacks on_train_batch_start/end",
+        "tests only: inject NaN, OOM or slow batches",
+        "STAGEDYOLO_TEST_FAULT set",
+        "tests only",
+        _fault_injection,
+        _fault_requested,
+    ),
+    Patch(
+        "nondeterministic",
+        "train.init_seeds(..., deterministic=True)",
+        "it turns on torch.use_deterministic_algorithms and cudnn.deterministic and leaves cudnn.benchmark off",
+        "fast mode, CUDA",
+        "GPU: open (no GPU here)",
+        _nondeterministic,
+        _cuda_only,
+        fast_only=True,
+    ),
+    Patch(
+        "channels_last",
+        "the model's memory format (at train.check_amp, once the model is built)",
+        "NHWC convolutions use tensor cores without transposes",
+        "fast mode, CUDA",
+        "GPU: open (no GPU here)",
+        _channels_last,
+        _cuda_only,
+        fast_only=True,
+    ),
+    Patch(
+        "compile",
+        "the model's forward (nn.Module.compile, at train.check_amp)",
+        "fuses the many small kernels of a YOLOv5 step; compile time goes to timing.json",
+        "fast mode, engine.compile: true, CUDA",
+        "GPU: open (no GPU here)",
+        _compile,
+        _compile_requested,
+        fast_only=True,
+    ),
+    Patch(
+        "foreach_ema",
+        "train.ModelEMA.update",
+        "it walks the state dict in Python, two kernels per tensor, every step",
+        "fast mode",
+        "CPU (yolov5n, 128 px, batch 16): the update 36.6 -> 35.9 ms (1.02x, 0.1 % of a step); whole stages "
+        "0.97x (0.83-1.21, within the shared machine's noise); final mAP50 unchanged. GPU: open "
+        "(benchmarks/results/engine_speed.json)",
+        _foreach_ema,
+        fast_only=True,
+    ),
+    Patch(
+        "fused_optimizer",
+        "train.smart_optimizer (fused=True, same groups and hyperparameters)",
+        "torch's default optimizer step loops over parameters in Python on the CPU (foreach on CUDA); fused is one "
+        "kernel",
+        "fast mode, SGD/Adam/AdamW",
+        "CPU (yolov5n, 128 px, batch 16, AdamW): the step 57.4 -> 15.7 ms (3.66x, 4.3 % of a forward+backward); "
+        "whole stages 1.29x (1.01-1.43); final mAP50 unchanged. GPU: open (benchmarks/results/engine_speed.json)",
+        _fused_optimizer,
+        _fused_supported,
+        fast_only=True,
+    ),
+)
 
 PHASES = ("process", "source", "module")
 SKIPPABLE = tuple(p.name for p in PATCHES if p.fast_only)
@@ -419,8 +557,11 @@ STEP_ROWS = ("nondeterministic", "channels_last", "foreach_ema", "fused_optimize
 def engine_settings(plan: dict) -> dict:
     """EngineContext's mode, compile and skip from a plan's `engine` entry (a plan without one: the defaults)."""
     engine = plan.get("engine") or {}
-    return {"mode": engine.get("mode", DEFAULT_MODE), "compile": bool(engine.get("compile", False)),
-            "skip": frozenset(engine.get("skip_patches", ()))}  # fmt: skip
+    return {
+        "mode": engine.get("mode", DEFAULT_MODE),
+        "compile": bool(engine.get("compile", False)),
+        "skip": frozenset(engine.get("skip_patches", ())),
+    }
 
 
 def skip_reason(patch: Patch, ctx: EngineContext) -> str | None:
@@ -461,10 +602,18 @@ def step_engine(engine: dict, optimizer: str, device: str, torch) -> tuple[Simpl
     from yolov5.utils.general import init_seeds
     from yolov5.utils.torch_utils import ModelEMA, smart_optimizer
 
-    pieces = SimpleNamespace(init_seeds=init_seeds, check_amp=lambda model: None, smart_optimizer=smart_optimizer,
-                             ModelEMA=ModelEMA)  # fmt: skip
-    ctx = EngineContext({"engine": engine, "optimizer": optimizer}, device, False, None, torch=torch, train=pieces,
-                        **engine_settings({"engine": engine}))  # fmt: skip
+    pieces = SimpleNamespace(
+        init_seeds=init_seeds, check_amp=lambda model: None, smart_optimizer=smart_optimizer, ModelEMA=ModelEMA
+    )
+    ctx = EngineContext(
+        {"engine": engine, "optimizer": optimizer},
+        device,
+        False,
+        None,
+        torch=torch,
+        train=pieces,
+        **engine_settings({"engine": engine}),
+    )
     return pieces, [apply_row(patch, ctx) for patch in PATCHES if patch.name in STEP_ROWS]
 
 
@@ -488,12 +637,17 @@ def markdown_table() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    lines = [DOC_BEGIN, "", "| # | row | modes | target | reason | guard | measured effect |",
-             "|---:|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        DOC_BEGIN,
+        "",
+        "| # | row | modes | target | reason | guard | measured effect |",
+        "|---:|---|---|---|---|---|---|",
+    ]
     for i, p in enumerate(PATCHES, 1):
         modes = "fast" if p.fast_only else "fast, reproducible"
-        lines.append(f"| {i} | `{p.name}` | {modes} | {cell(p.target)} | {cell(p.reason)} | {cell(p.guard)} | "
-                     f"{cell(p.effect)} |")  # fmt: skip
+        lines.append(
+            f"| {i} | `{p.name}` | {modes} | {cell(p.target)} | {cell(p.reason)} | {cell(p.guard)} | {cell(p.effect)} |"
+        )
     return "\n".join([*lines, "", DOC_END])
 
 

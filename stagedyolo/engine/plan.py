@@ -18,17 +18,47 @@ from stagedyolo.engine.patches import DEFAULT_MODE
 
 # Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
 STAGE_KEYS = (
-    "epochs", "img", "batch", "workers", "freeze", "lr0", "hyp", "cache", "amp", "device", "val_period",
-    "gpus", "sync_bn", "lr_scaling", "start_from", "plots", "optimizer", "nosave", "nominal_batch",
-    "min_warmup_iters", "engine_mode", "tune", "time_budget_min", "handover_on_stall",
-)  # fmt: skip
+    "epochs",
+    "img",
+    "batch",
+    "workers",
+    "freeze",
+    "lr0",
+    "hyp",
+    "cache",
+    "amp",
+    "device",
+    "val_period",
+    "gpus",
+    "sync_bn",
+    "lr_scaling",
+    "start_from",
+    "plots",
+    "optimizer",
+    "nosave",
+    "nominal_batch",
+    "min_warmup_iters",
+    "engine_mode",
+    "tune",
+    "time_budget_min",
+    "handover_on_stall",
+)
 
 # yolov5 train.py options a stage may set under yolov5's own names; they reach its `opt` unchanged. The options
 # left out, and why, are listed in the schema's stage description and docs/options.md.
 YOLOV5_OPTIONS = (
-    "cos_lr", "rect", "multi_scale", "label_smoothing", "image_weights", "single_cls", "noautoanchor", "quad",
-    "save_period", "seed", "patience",
-)  # fmt: skip
+    "cos_lr",
+    "rect",
+    "multi_scale",
+    "label_smoothing",
+    "image_weights",
+    "single_cls",
+    "noautoanchor",
+    "quad",
+    "save_period",
+    "seed",
+    "patience",
+)
 STAGE_KEYS += YOLOV5_OPTIONS
 
 # Smallest batch the out-of-memory retry halves down to.
@@ -79,8 +109,10 @@ def stage_names(config: dict) -> list[str]:
 
 def run_outline(config: dict) -> list[dict]:
     """Every stage in order with its epochs and image size: what a run's ETA is estimated from."""
-    return [{"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
-            for name in stage_names(config)]  # fmt: skip
+    return [
+        {"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
+        for name in stage_names(config)
+    ]
 
 
 def previous_stage(config: dict, stage: str) -> str | None:
@@ -108,8 +140,11 @@ def stage_spec(config: dict, stage: str) -> dict:
 
 def engine_spec(engine: dict, stage_mode: str | None) -> dict:
     """The stage's engine settings: its engine_mode, else the run's engine.mode; compile and skipped patches."""
-    return {"mode": stage_mode or engine.get("mode", DEFAULT_MODE), "compile": bool(engine.get("compile", False)),
-            "skip_patches": sorted(engine.get("skip_patches") or [])}  # fmt: skip
+    return {
+        "mode": stage_mode or engine.get("mode", DEFAULT_MODE),
+        "compile": bool(engine.get("compile", False)),
+        "skip_patches": sorted(engine.get("skip_patches") or []),
+    }
 
 
 def image_store_sizes(config: dict) -> list[int]:
@@ -140,8 +175,11 @@ def probe_batches(config: dict) -> list[int]:
     specs = [stage_spec(config, stage) for stage in config["stages"]]
     if any(spec["batch"] == "auto" for spec in specs):
         return list(config["probe"]["batch"])
-    fixed = {max(1, int(spec["batch"]) // int(spec["gpus"])) for spec in specs
-             if spec["workers"] == "auto" or spec["amp"] == "auto"}  # fmt: skip
+    fixed = {
+        max(1, int(spec["batch"]) // int(spec["gpus"]))
+        for spec in specs
+        if spec["workers"] == "auto" or spec["amp"] == "auto"
+    }
     return sorted(fixed) or list(config["probe"]["batch"])
 
 

@@ -57,8 +57,9 @@ class EpochStop:
     ``reason`` says which one ended the stage (None: it ran all its epochs).
     """
 
-    def __init__(self, budget_s: float | None, schedule, started_at: float, clock=time.time,
-                 stall: GainStall | None = None):  # fmt: skip
+    def __init__(
+        self, budget_s: float | None, schedule, started_at: float, clock=time.time, stall: GainStall | None = None
+    ):
         self.budget_s, self.schedule, self.started_at, self.clock = budget_s, schedule, started_at, clock
         self.stall = stall
         self.patience = 0
@@ -95,13 +96,17 @@ class EpochStop:
             return True
         if math.isfinite(fitness) and self.stall and self.stall.stalled(epoch, fitness, self.clock()):
             self.reason = STALL
-            print(f"stagedyolo: handing over at epoch {epoch}: the fitness gain per second fell below "
-                  f"{self.stall.fraction:g} of this stage's best ({self.stall.figures})")  # fmt: skip
+            print(
+                f"stagedyolo: handing over at epoch {epoch}: the fitness gain per second fell below "
+                f"{self.stall.fraction:g} of this stage's best ({self.stall.figures})"
+            )
             return True
         if math.isfinite(fitness) and self.patience and epoch - self.best_epoch >= self.patience:
             self.reason = PATIENCE
-            print(f"stagedyolo: stopping early at epoch {epoch}: no better fitness in the {epoch - self.best_epoch} "
-                  f"epochs since epoch {self.best_epoch} (patience {self.patience}, validated epochs only)")  # fmt: skip
+            print(
+                f"stagedyolo: stopping early at epoch {epoch}: no better fitness in the {epoch - self.best_epoch} "
+                f"epochs since epoch {self.best_epoch} (patience {self.patience}, validated epochs only)"
+            )
             return True
         return False
 
@@ -116,6 +121,8 @@ class EpochStop:
         mean_epoch_s = (now - self.train_started) / (epoch - self.first_epoch + 1)
         ends = now - self.started_at + mean_epoch_s > self.budget_s
         if ends:
-            print(f"stagedyolo: time budget: epoch {epoch} is the last ({now - self.started_at:.0f} s used, one more "
-                  f"epoch ~{mean_epoch_s:.0f} s, budget {self.budget_s:.0f} s)")  # fmt: skip
+            print(
+                f"stagedyolo: time budget: epoch {epoch} is the last ({now - self.started_at:.0f} s used, one more "
+                f"epoch ~{mean_epoch_s:.0f} s, budget {self.budget_s:.0f} s)"
+            )
         return ends

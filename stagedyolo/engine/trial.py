@@ -39,10 +39,20 @@ class TrialWindow:
         """Steady images/s over the batches after the warm-up; None when the window was not reached."""
         done = len(self.ends) - self.warmup
         if done < 1:
-            return {"images_per_s": None, "batches": max(done, 0), "seconds": None, "warmup_batches": self.warmup,
-                    "reason": f"training ended after {len(self.ends)} batch(es), inside the warm-up"}  # fmt: skip
+            return {
+                "images_per_s": None,
+                "batches": max(done, 0),
+                "seconds": None,
+                "warmup_batches": self.warmup,
+                "reason": f"training ended after {len(self.ends)} batch(es), inside the warm-up",
+            }
         seconds = self.ends[-1] - self.ends[self.warmup - 1] if self.warmup else self.ends[-1] - self.ends[0]
-        images = sum(self.images[self.warmup:]) if self.warmup else sum(self.images[1:])
-        return {"images_per_s": round(images / seconds, 3) if seconds > 0 else None, "batches": done,
-                "images": images, "seconds": round(seconds, 4), "warmup_batches": self.warmup,
-                "complete": done >= self.measure}  # fmt: skip
+        images = sum(self.images[self.warmup :]) if self.warmup else sum(self.images[1:])
+        return {
+            "images_per_s": round(images / seconds, 3) if seconds > 0 else None,
+            "batches": done,
+            "images": images,
+            "seconds": round(seconds, 4),
+            "warmup_batches": self.warmup,
+            "complete": done >= self.measure,
+        }

@@ -22,10 +22,10 @@ from stagedyolo.engine.checkpoint import nonfinite_checkpoints
 from stagedyolo.engine.continuation import Continuation, handover_path, read_handover
 from stagedyolo.engine.hooks import NonFiniteLoss, close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
+from stagedyolo.engine.stopping import STALL, EpochStop, GainStall
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import STAGE_DEVICES_ENV, exit_when_parent_dies, explicit_gpu_indices
-from stagedyolo.engine.stopping import STALL, EpochStop, GainStall
 from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
 
@@ -65,10 +65,17 @@ def main(plan_path: str, plugins=()) -> int:
     register(stop, callbacks)
     register(ProgressReport(plan, timer, schedule, stop), callbacks)
 
-    outcome = {"status": "ok", "amp": amp["amp"], "amp_dtype": amp["dtype"], "amp_reason": amp["reason"],
-               "device": device or "cuda:0",
-               "engine_mode": engine.mode, "patches": patches, "sync_every_batches": engine.log_every,
-               "continuation": continuation}  # fmt: skip
+    outcome = {
+        "status": "ok",
+        "amp": amp["amp"],
+        "amp_dtype": amp["dtype"],
+        "amp_reason": amp["reason"],
+        "device": device or "cuda:0",
+        "engine_mode": engine.mode,
+        "patches": patches,
+        "sync_every_batches": engine.log_every,
+        "continuation": continuation,
+    }
     try:
         train.main(build_opt(train, plan, device), callbacks)
         if guard.message:
@@ -93,8 +100,11 @@ def main(plan_path: str, plugins=()) -> int:
                 outcome["trial"] = window.result()
             outcome["stopped_by"] = stop.reason
             if stop.stall:
-                outcome["handover_on_stall"] = {"fraction": stop.stall.fraction, "intervals": stop.stall.figures,
-                                                "stalled": stop.reason == STALL}  # fmt: skip
+                outcome["handover_on_stall"] = {
+                    "fraction": stop.stall.fraction,
+                    "intervals": stop.stall.figures,
+                    "stalled": stop.reason == STALL,
+                }
             if continuation:
                 continuation.update(engine.continuation.report)
             write_json(work_dir / "outcome.json", outcome)
@@ -125,10 +135,16 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict, dic
     cuda = device != "cpu"
     bf16 = torch.cuda.is_bf16_supported() if cuda and plan["amp"] == "bf16" else None
     amp = decide_amp(plan["amp"], cuda, plan.get("amp_source", "config"), bf16_supported=bf16)
-    engine = EngineContext(plan, device, amp["amp"], None, amp_dtype=amp["dtype"], torch=torch,
-                           continuation=Continuation(plan["weights"] if plan.get("continues") else None,
-                                                     plan.get("optimizer", "SGD")),
-                           **engine_settings(plan))  # fmt: skip
+    engine = EngineContext(
+        plan,
+        device,
+        amp["amp"],
+        None,
+        amp_dtype=amp["dtype"],
+        torch=torch,
+        continuation=Continuation(plan["weights"] if plan.get("continues") else None, plan.get("optimizer", "SGD")),
+        **engine_settings(plan),
+    )
     patches = apply_patches(engine, phases=("process",))
     taken_up = take_up_plan(plan, torch)
     from yolov5.utils.callbacks import Callbacks
@@ -157,10 +173,14 @@ def take_up_plan(plan: dict, torch) -> dict | None:
         plan["fitness_before"] = handover["fitness"]
     if plan.get("lr_from_previous"):
         plan["hyp"]["lr0"] = handover["lr"]
-    return {"from": plan["weights"], "lr0": plan["hyp"]["lr0"],
-            "lr0_source": "the previous stage's handover" if plan.get("lr_from_previous") else "the stage's own lr0",
-            "recipe_epochs_before": handover["recipe_epochs"], "warmup": "none: it ran once, in the first stage",
-            "autoanchor": "off: it ran once, in the first stage"}  # fmt: skip
+    return {
+        "from": plan["weights"],
+        "lr0": plan["hyp"]["lr0"],
+        "lr0_source": "the previous stage's handover" if plan.get("lr_from_previous") else "the stage's own lr0",
+        "recipe_epochs_before": handover["recipe_epochs"],
+        "warmup": "none: it ran once, in the first stage",
+        "autoanchor": "off: it ran once, in the first stage",
+    }
 
 
 def resolve_device(device: str, cuda_available: bool, env: Mapping[str, str] | None = None) -> str:

@@ -86,11 +86,14 @@ def stage_gpu_env(
     return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), STAGE_DEVICES_ENV: ",".join(chosen)}
 
 
-def _named_gpus(indices: list[int], visible: list[str] | None, gpus: int, env: Mapping[str, str], stage: str,
-                device: str | None) -> list[str]:  # fmt: skip
+def _named_gpus(
+    indices: list[int], visible: list[str] | None, gpus: int, env: Mapping[str, str], stage: str, device: str | None
+) -> list[str]:
     if len(indices) < gpus:
-        raise LaunchError(f"stages.{stage}.device {device!r} names {len(indices)} GPU(s) but gpus is {gpus}: name "
-                          f"{gpus} indices, or use device: cuda for the first {gpus} visible ones")  # fmt: skip
+        raise LaunchError(
+            f"stages.{stage}.device {device!r} names {len(indices)} GPU(s) but gpus is {gpus}: name "
+            f"{gpus} indices, or use device: cuda for the first {gpus} visible ones"
+        )
     if visible is None:  # nothing hidden: the indices are CUDA's own
         return [str(index) for index in indices[:gpus]]
     missing = [index for index in indices[:gpus] if index >= len(visible)]
@@ -171,13 +174,20 @@ def build_stage_command(
     # An environment variable rather than --shutdown-timeout: older torchrun versions reject the flag.
     child_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(rank_shutdown_s))
     argv = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc-per-node", str(gpus),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{0 if port is None else port}",
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(gpus),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{0 if port is None else port}",
         # A failed rank fails the stage; retrying is Snakemake's job (--retries), not torchrun's.
-        "--max-restarts", "0",
+        "--max-restarts",
+        "0",
         *worker_args,
     ]
     return argv, child_env

@@ -103,5 +103,7 @@ def _refusal(folder: Path, owner: dict | None) -> str:
     if owner:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner.get("started", 0))))
         who = f"process {owner.get('pid')} (started {started})"
-    return (f"{folder} is in use by {who}, another run of this stage: let it end, or end it, before starting the "
-            "stage again (starting it now would train a second time into the same checkpoint)")  # fmt: skip
+    return (
+        f"{folder} is in use by {who}, another run of this stage: let it end, or end it, before starting the "
+        "stage again (starting it now would train a second time into the same checkpoint)"
+    )

@@ -20,8 +20,13 @@ from stagedyolo.engine.patches import step_engine
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
-from stagedyolo.probe.steady import (MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, MeasuringBudget,
-                                     time_steady)
+from stagedyolo.probe.steady import (
+    MIN_TIMED_STEPS,
+    MODEL_WARMUP_STEPS,
+    SEEN_SHAPE_WARMUP_STEPS,
+    MeasuringBudget,
+    time_steady,
+)
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -67,8 +72,17 @@ def main(request_path: str) -> int:
 
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     bf16 = torch.cuda.is_bf16_supported() if cuda else None
-    measured = measure_all(request, model, create_dataloader, stride, device, engines, cuda=cuda, bf16_supported=bf16,
-                           gpu_total_memory_bytes=total)  # fmt: skip
+    measured = measure_all(
+        request,
+        model,
+        create_dataloader,
+        stride,
+        device,
+        engines,
+        cuda=cuda,
+        bf16_supported=bf16,
+        gpu_total_memory_bytes=total,
+    )
     for run in measured["model"]:
         run["engine_rows"] = model_engine["rows"]
     result = {
@@ -86,8 +100,18 @@ def main(request_path: str) -> int:
     return 0
 
 
-def measure_all(request: dict, model, create_dataloader, stride: int, device, engines, *, cuda: bool,
-                bf16_supported: bool | None, gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
+def measure_all(
+    request: dict,
+    model,
+    create_dataloader,
+    stride: int,
+    device,
+    engines,
+    *,
+    cuda: bool,
+    bf16_supported: bool | None,
+    gpu_total_memory_bytes: int | None,
+) -> dict:
     """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
     runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
     chosen settings. The stage loops make the predictions, so a candidate run is skipped (``affords``) when it would
@@ -95,25 +119,46 @@ def measure_all(request: dict, model, create_dataloader, stride: int, device, en
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
     stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
-    budget = MeasuringBudget(_deadline(request), len(model_plan) + len(loader_plan) + stage_runs_planned,
-                             request["budget_s"], request.get("planned_train_images") or 0)  # fmt: skip
+    budget = MeasuringBudget(
+        _deadline(request),
+        len(model_plan) + len(loader_plan) + stage_runs_planned,
+        request["budget_s"],
+        request.get("planned_train_images") or 0,
+    )
     warm = WarmShapes()
     model_runs = measure_model_candidates(model, request, model_plan, device, budget, warm, stage_runs_planned, cuda)
     loader_runs = measure_loader_candidates(create_dataloader, request, loader_plan, model_runs, stride, budget, cuda)
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
     stage_runs = []
     for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
-        warmup_steps = warm.steps(group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"],
-                                  group["engine"])  # fmt: skip
-        stage_runs.append(measure_stage_run(create_dataloader, model, request, group, stride, device, engines,
-                                            budget.next_deadline(), warmup_steps))  # fmt: skip
+        warmup_steps = warm.steps(
+            group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"], group["engine"]
+        )
+        stage_runs.append(
+            measure_stage_run(
+                create_dataloader, model, request, group, stride, device, engines, budget.next_deadline(), warmup_steps
+            )
+        )
         budget.note_rate(stage_runs[-1]["images_per_s"])
-    return {**decision, "loader": loader_runs, "model": model_runs, "stage_runs": stage_runs,
-            "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3)}
+    return {
+        **decision,
+        "loader": loader_runs,
+        "model": model_runs,
+        "stage_runs": stage_runs,
+        "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3),
+    }
 
 
-def measure_model_candidates(model, request: dict, plan: list[dict], device, budget: MeasuringBudget,
-                             warm: "WarmShapes", stage_runs_planned: int, cuda: bool) -> list[dict]:  # fmt: skip
+def measure_model_candidates(
+    model,
+    request: dict,
+    plan: list[dict],
+    device,
+    budget: MeasuringBudget,
+    warm: WarmShapes,
+    stage_runs_planned: int,
+    cuda: bool,
+) -> list[dict]:
     """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come less
     than their least time (CandidateFloor)."""
     runs = []
@@ -129,8 +174,15 @@ def measure_model_candidates(model, request: dict, plan: list[dict], device, bud
     return runs
 
 
-def measure_loader_candidates(create_dataloader, request: dict, plan: list[dict], model_runs: list[dict],
-                              stride: int, budget: MeasuringBudget, cuda: bool) -> list[dict]:  # fmt: skip
+def measure_loader_candidates(
+    create_dataloader,
+    request: dict,
+    plan: list[dict],
+    model_runs: list[dict],
+    stride: int,
+    budget: MeasuringBudget,
+    cuda: bool,
+) -> list[dict]:
     """The loader runs of ``plan``; on CPU one whose torch-thread count has no measured model run is skipped (its
     candidate pairs with that run only)."""
     ample = LOADER_AMPLE_FACTOR * max((run["images_per_s"] or 0 for run in model_runs), default=0)
@@ -162,7 +214,7 @@ class CandidateFloor:
         self.step_s = reference["seconds"] / reference["steps"]
 
     @classmethod
-    def of(cls, model_runs: list[dict], cuda: bool) -> "CandidateFloor | None":
+    def of(cls, model_runs: list[dict], cuda: bool) -> CandidateFloor | None:
         """From the first model run, once it has a steady figure (None before, or when it failed)."""
         first = model_runs[0] if model_runs else None
         usable = first and first["status"] == "ok" and first.get("steps") and first.get("seconds")
@@ -215,24 +267,34 @@ def model_runs_for(request: dict, cuda: bool) -> list[dict]:
     thread_counts = request["thread_counts"][-1:] if cuda else request["thread_counts"]
     amps = (True, False) if cuda else (False,)
     min_steps = max(request["min_steps"], AMP_MIN_STEPS) if cuda else request["min_steps"]
-    return [{"batch": b, "amp": a, "torch_threads": t, "min_steps": min_steps}
-            for b in request["batches"] for a in amps for t in thread_counts]  # fmt: skip
+    return [
+        {"batch": b, "amp": a, "torch_threads": t, "min_steps": min_steps}
+        for b in request["batches"]
+        for a in amps
+        for t in thread_counts
+    ]
 
 
-def measure_model_run(model, request: dict, run: dict, device, deadline: float | None,
-                      warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
+def measure_model_run(
+    model, request: dict, run: dict, device, deadline: float | None, warmup_steps: int = MODEL_WARMUP_STEPS
+) -> dict:
     import torch
 
     torch.set_num_threads(run["torch_threads"])
-    measured = measure_model(model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device,
-                             deadline, warmup_steps)  # fmt: skip
-    print(f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
-          f"{measured.get('images_per_s')} images/s", flush=True)  # fmt: skip
+    measured = measure_model(
+        model, {**request, "min_steps": run["min_steps"]}, run["batch"], run["amp"], device, deadline, warmup_steps
+    )
+    print(
+        f"probe: model batch={run['batch']} amp={run['amp']} threads={run['torch_threads']}: "
+        f"{measured.get('images_per_s')} images/s",
+        flush=True,
+    )
     return {**run, **measured}
 
 
-def measure_loader_run(create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float,
-                       deadline: float | None) -> dict:  # fmt: skip
+def measure_loader_run(
+    create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float, deadline: float | None
+) -> dict:
     import torch
 
     torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
@@ -294,24 +356,49 @@ class StepEngines:
         pieces.init_seeds(0, deterministic=True)  # as train.py calls it; a fast engine's row makes it nondeterministic
         model.to(memory_format=torch.contiguous_format)
         pieces.check_amp(model)  # where train.py lets the rows change the built model (channels_last)
-        return {"optimizer": _optimizer(pieces.smart_optimizer, model, self.request),
-                "ema_class": pieces.ModelEMA, "rows": [row["name"] for row in report if row["applied"]]}
+        return {
+            "optimizer": _optimizer(pieces.smart_optimizer, model, self.request),
+            "ema_class": pieces.ModelEMA,
+            "rows": [row["name"] for row in report if row["applied"]],
+        }
 
 
-def measure_loader(create_dataloader, request: dict, workers: int, stride: int, ample_images_per_s: float = 0,
-                   deadline: float | None = None) -> dict:  # fmt: skip
+def measure_loader(
+    create_dataloader,
+    request: dict,
+    workers: int,
+    stride: int,
+    ample_images_per_s: float = 0,
+    deadline: float | None = None,
+) -> dict:
     """Steady images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
     Warm-up: worker start-up and the batches the workers queued meanwhile (PREFETCH_PER_WORKER each, which arrive
     at once). The run may end early once the loader clearly outpaces the model (LOADER_AMPLE_FACTOR)."""
     loader, _dataset = create_dataloader(
-        request["data_list"], request["img"], request["loader_batch"], stride, hyp=request["hyp"], augment=True,
-        cache=request["cache"], rect=False, rank=-1, workers=workers, shuffle=True, prefix="probe: ", seed=0,
-    )  # fmt: skip
+        request["data_list"],
+        request["img"],
+        request["loader_batch"],
+        stride,
+        hyp=request["hyp"],
+        augment=True,
+        cache=request["cache"],
+        rect=False,
+        rank=-1,
+        workers=workers,
+        shuffle=True,
+        prefix="probe: ",
+        seed=0,
+    )
     batches = _endless(loader)
-    measured = time_steady(lambda: next(batches)[0].shape[0], warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
-                           min_steps=request["min_steps"], stable_within=request["stable_within"],
-                           max_seconds=request["max_seconds"], deadline=deadline,
-                           enough=lambda images, seconds: 0 < ample_images_per_s <= images / seconds)
+    measured = time_steady(
+        lambda: next(batches)[0].shape[0],  # noqa: F821 (bound above; deleted only after the timing)
+        warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
+        min_steps=request["min_steps"],
+        stable_within=request["stable_within"],
+        max_seconds=request["max_seconds"],
+        deadline=deadline,
+        enough=lambda images, seconds: 0 < ample_images_per_s <= images / seconds,
+    )
     effective = loader.num_workers  # yolov5 caps workers at min(cpu_count, batch, workers)
     _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
     del batches, loader
@@ -319,8 +406,15 @@ def measure_loader(create_dataloader, request: dict, workers: int, stride: int, 
     return {"workers_effective": effective, "batch": request["loader_batch"], **measured}
 
 
-def measure_model(model, request: dict, batch: int, amp: bool, device, deadline: float | None = None,
-                  warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
+def measure_model(
+    model,
+    request: dict,
+    batch: int,
+    amp: bool,
+    device,
+    deadline: float | None = None,
+    warmup_steps: int = MODEL_WARMUP_STEPS,
+) -> dict:
     """Steady images/s of full training steps (forward, ComputeLoss, backward, optimizer step) on synthetic batches,
     after ``warmup_steps`` untimed ones (WarmShapes)."""
     import torch
@@ -350,14 +444,24 @@ def measure_model(model, request: dict, batch: int, amp: bool, device, deadline:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        measured = time_steady(train_step, warmup_steps=warmup_steps, min_steps=request["min_steps"],
-                               stable_within=request["stable_within"], max_seconds=request["max_seconds"],
-                               deadline=deadline)  # fmt: skip
+        measured = time_steady(
+            train_step,
+            warmup_steps=warmup_steps,
+            min_steps=request["min_steps"],
+            stable_within=request["stable_within"],
+            max_seconds=request["max_seconds"],
+            deadline=deadline,
+        )
     except torch.cuda.OutOfMemoryError as error:
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
-        return {"status": "oom", "message": str(error).splitlines()[0], "images_per_s": None,
-                "peak_memory_bytes": None, "peak_memory_reason": "ran out of memory"}  # fmt: skip
+        return {
+            "status": "oom",
+            "message": str(error).splitlines()[0],
+            "images_per_s": None,
+            "peak_memory_bytes": None,
+            "peak_memory_reason": "ran out of memory",
+        }
     return {
         "status": "ok",
         **measured,
@@ -366,8 +470,17 @@ def measure_model(model, request: dict, batch: int, amp: bool, device, deadline:
     }
 
 
-def measure_stage_run(create_dataloader, model, request: dict, group: dict, stride: int, device, engines,
-                      deadline: float | None, warmup_steps: int = MODEL_WARMUP_STEPS) -> dict:  # fmt: skip
+def measure_stage_run(
+    create_dataloader,
+    model,
+    request: dict,
+    group: dict,
+    stride: int,
+    device,
+    engines,
+    deadline: float | None,
+    warmup_steps: int = MODEL_WARMUP_STEPS,
+) -> dict:
     """One stage's steady images/s, end to end: yolov5's loader with the workers the stage will run, feeding
     training steps at the stage's image size, freeze, batch, AMP and nominal batch (accumulation, EMA), in one
     process with the torch threads the stage gets. This is the prediction the stage's timing.json is compared with.
@@ -380,9 +493,20 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     engine = engines.prepare(model, group["engine"])
     optimizer = engine["optimizer"]
     loader, _dataset = create_dataloader(
-        request["data_list"], group["img"], group["batch"], stride, hyp=group["hyp"], augment=True,
-        cache=request["cache"], rect=False, rank=-1, workers=group["workers"], shuffle=True, prefix="probe: ", seed=0,
-    )  # fmt: skip
+        request["data_list"],
+        group["img"],
+        group["batch"],
+        stride,
+        hyp=group["hyp"],
+        augment=True,
+        cache=request["cache"],
+        rect=False,
+        rank=-1,
+        workers=group["workers"],
+        shuffle=True,
+        prefix="probe: ",
+        seed=0,
+    )
     batches = _endless(loader)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if group["amp_dtype"] == "bfloat16" else torch.float16
@@ -392,7 +516,7 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
     count = [0]
 
     def train_step() -> int:
-        imgs, targets, _paths, _shapes = next(batches)
+        imgs, targets, _paths, _shapes = next(batches)  # noqa: F821 (deleted only after the timing)
         imgs = imgs.to(device, non_blocking=True).float() / 255
         with torch.autocast(device.type, enabled=group["amp"] and cuda, dtype=dtype):
             loss, _items = compute_loss(model(imgs), targets.to(device))
@@ -402,21 +526,28 @@ def measure_stage_run(create_dataloader, model, request: dict, group: dict, stri
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            ema.update(model)
+            ema.update(model)  # noqa: F821 (deleted only after the timing)
         if cuda:
             torch.cuda.synchronize(device)
         return imgs.shape[0]
 
-    measured = time_steady(train_step, warmup_steps=warmup_steps + PREFETCH_PER_WORKER * loader.num_workers,
-                           min_steps=request["min_steps"], stable_within=request["stable_within"],
-                           max_seconds=request["max_seconds"], deadline=deadline)  # fmt: skip
+    measured = time_steady(
+        train_step,
+        warmup_steps=warmup_steps + PREFETCH_PER_WORKER * loader.num_workers,
+        min_steps=request["min_steps"],
+        stable_within=request["stable_within"],
+        max_seconds=request["max_seconds"],
+        deadline=deadline,
+    )
     _stop_workers(loader)
     del batches, loader, ema
     optimizer.zero_grad(set_to_none=True)
     gc.collect()
-    print(f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, "
-          f"batch {group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s",
-          flush=True)  # fmt: skip
+    print(
+        f"probe: stages {', '.join(group['stages'])} (img {group['img']}, freeze {group['freeze']}, "
+        f"batch {group['batch']}, workers {group['workers']}): {measured['images_per_s']} images/s",
+        flush=True,
+    )
     return {**{k: v for k, v in group.items() if k != "hyp"}, **measured, "engine_rows": engine["rows"]}
 
 

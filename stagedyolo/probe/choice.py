@@ -14,8 +14,9 @@ from stagedyolo.engine.amp import amp_verdict
 TIE_TOLERANCE = 0.03  # within 3 % of the best, a smaller batch wins (less memory, closer to the nominal recipe)
 
 
-def predicted_images_per_s(workers: int, loader: float, model: float, *, torch_threads: int, cores: int,
-                           shares_cpu: bool) -> tuple[float, str]:  # fmt: skip
+def predicted_images_per_s(
+    workers: int, loader: float, model: float, *, torch_threads: int, cores: int, shares_cpu: bool
+) -> tuple[float, str]:
     """Predicted end-to-end images/s and which limit sets it: "serial", "loader", "compute" or "shared cores"."""
     if loader <= 0 or model <= 0:
         return 0.0, "no throughput measured"
@@ -28,8 +29,9 @@ def predicted_images_per_s(workers: int, loader: float, model: float, *, torch_t
     return limits[bound], bound
 
 
-def combine(loader_runs: list[dict], model_runs: list[dict], *, cores: int, shares_cpu: bool,
-            memory_limit_bytes: int | None) -> list[dict]:  # fmt: skip
+def combine(
+    loader_runs: list[dict], model_runs: list[dict], *, cores: int, shares_cpu: bool, memory_limit_bytes: int | None
+) -> list[dict]:
     """One candidate per (workers, batch, amp), carrying the numbers of the measurements it is predicted from.
 
     On CPU (`shares_cpu`) each worker count is paired with the model run at the torch threads it would really get;
@@ -60,9 +62,13 @@ def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_l
         elif peak > memory_limit_bytes:
             usable, why_not = False, f"peak memory {peak} B > limit {memory_limit_bytes} B"
     prediction, bound = predicted_images_per_s(
-        loader["workers"], loader.get("images_per_s") or 0.0, model.get("images_per_s") or 0.0,
-        torch_threads=threads, cores=cores, shares_cpu=shares_cpu,
-    )  # fmt: skip
+        loader["workers"],
+        loader.get("images_per_s") or 0.0,
+        model.get("images_per_s") or 0.0,
+        torch_threads=threads,
+        cores=cores,
+        shares_cpu=shares_cpu,
+    )
     return {
         "workers": loader["workers"],
         "batch": model["batch"],
@@ -91,8 +97,9 @@ def choose(candidates: list[dict], tie_tolerance: float = TIE_TOLERANCE) -> dict
     return {"workers": pick["workers"], "batch": pick["batch"], "amp": pick["amp"]}
 
 
-def decide(request: dict, loader_runs: list[dict], model_runs: list[dict], *, cuda: bool,
-           gpu_total_memory_bytes: int | None) -> dict:  # fmt: skip
+def decide(
+    request: dict, loader_runs: list[dict], model_runs: list[dict], *, cuda: bool, gpu_total_memory_bytes: int | None
+) -> dict:
     """The probe's decision from its runs: candidates, the AMP verdict (stagedyolo.engine.amp: on with CUDA unless
     measured clearly slower) and the choice among the candidates at that AMP setting."""
     fraction = request["max_memory_fraction"]

@@ -60,8 +60,9 @@ def gpu_identity() -> dict:
     not (a driver update waiting for a reboot, a GPU being reset) measured on the CPU, and its `amp: false` must
     not reach the GPU stages of a later run. torch is imported (seconds) only where the driver lists a GPU; without
     one CUDA cannot be usable (NVML is NVIDIA's: a ROCm build's GPUs are not told apart here)."""
-    gpus = [{"name": gpu["name"], "total_memory_bytes": gpu["total_memory_bytes"]}
-            for gpu in nvml_facts()["gpus"] or []]  # fmt: skip
+    gpus = [
+        {"name": gpu["name"], "total_memory_bytes": gpu["total_memory_bytes"]} for gpu in nvml_facts()["gpus"] or []
+    ]
     return {"gpus": gpus, "cuda_usable": _cuda_usable() if gpus else False}
 
 
@@ -108,8 +109,10 @@ def busy_machine(load: tuple) -> str | None:
     busy = [f"{when} {average[0]:.1f}" for when, average in zip(("start", "end"), load) if average[0] > cores]
     if not busy:
         return None
-    return (f"measured under load (1-minute load average at {' and '.join(busy)}, above the machine's {cores} "
-            "cores): a later run measures again")
+    return (
+        f"measured under load (1-minute load average at {' and '.join(busy)}, above the machine's {cores} "
+        "cores): a later run measures again"
+    )
 
 
 def _images_fingerprint(list_path: Path) -> str:

@@ -29,10 +29,24 @@ SUBSET_IMAGES = 256
 CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
 
 
-def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning_out: str, settings: dict,
-                   stage_defaults: dict, cfg: str, device: str, img: int, threads: int, log_path: str,
-                   batches: list[int] | None = None, stages: dict | None = None,
-                   planned_epochs: int | None = None, started_unix: float | None = None) -> dict:  # fmt: skip
+def probe_for_rule(
+    data: str,
+    *,
+    cache_decision: str,
+    weights: list[str],
+    tuning_out: str,
+    settings: dict,
+    stage_defaults: dict,
+    cfg: str,
+    device: str,
+    img: int,
+    threads: int,
+    log_path: str,
+    batches: list[int] | None = None,
+    stages: dict | None = None,
+    planned_epochs: int | None = None,
+    started_unix: float | None = None,
+) -> dict:
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
     take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
@@ -52,10 +66,22 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     work = tuning_out.parent / "probe_work"
     work.mkdir(exist_ok=True)
     decision = read_json(cache_decision)
-    request = plan_request(data, cache_mode=decision["mode"], weights=weights, settings=settings,
-                           stage_defaults=stage_defaults, cfg=cfg, device=device, img=img, threads=threads,
-                           work=work, batches=batches, stages=stages, planned_epochs=planned_epochs,
-                           image_store=(decision.get("store") or {}).get("root"))  # fmt: skip
+    request = plan_request(
+        data,
+        cache_mode=decision["mode"],
+        weights=weights,
+        settings=settings,
+        stage_defaults=stage_defaults,
+        cfg=cfg,
+        device=device,
+        img=img,
+        threads=threads,
+        work=work,
+        batches=batches,
+        stages=stages,
+        planned_epochs=planned_epochs,
+        image_store=(decision.get("store") or {}).get("root"),
+    )
     request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
     tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
     tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
@@ -68,8 +94,9 @@ def probe_for_rule(data: str, *, cache_decision: str, weights: list[str], tuning
     return tuning
 
 
-def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threads: int, work: Path,
-                     log_path: str) -> dict:  # fmt: skip
+def reuse_or_measure(
+    request: dict, weights: list[str], settings: dict, *, threads: int, work: Path, log_path: str
+) -> dict:
     """tuning.json's content: a reusable earlier measurement when settings["reuse"] allows and one matches, else a
     fresh one, kept for later runs. ``work``: R/probe/probe_work, R = <results_dir>/<run>; the measurements are kept
     in <results_dir>/probe_cache, and the stages' engine home is R/engine."""
@@ -78,9 +105,15 @@ def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threa
     key = reuse_key(request, weights) if settings.get("reuse", True) else None
     reused = read_reusable(reuse_dir, key) if key else None
     if reused is not None:
-        return {**reused, "reused": {"key": key, "from": str(reuse_dir / f"{key}.json"),
-                                     "measured_unix": reused.get("written_unix"),
-                                     "measured_child_s": reused["budget_s"]["child_s"]}}  # fmt: skip
+        return {
+            **reused,
+            "reused": {
+                "key": key,
+                "from": str(reuse_dir / f"{key}.json"),
+                "measured_unix": reused.get("written_unix"),
+                "measured_child_s": reused["budget_s"]["child_s"],
+            },
+        }
     load_before = os.getloadavg()
     measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
     load = (load_before, os.getloadavg())
@@ -90,17 +123,32 @@ def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, threa
     return tuning
 
 
-def plan_request(data: str, *, cache_mode: str, weights: list[str], settings: dict, stage_defaults: dict, cfg: str,
-                 device: str, img: int, threads: int, work: Path, batches: list[int] | None = None,
-                 stages: dict | None = None, image_store: str | None = None,
-                 planned_epochs: int | None = None) -> dict:  # fmt: skip
+def plan_request(
+    data: str,
+    *,
+    cache_mode: str,
+    weights: list[str],
+    settings: dict,
+    stage_defaults: dict,
+    cfg: str,
+    device: str,
+    img: int,
+    threads: int,
+    work: Path,
+    batches: list[int] | None = None,
+    stages: dict | None = None,
+    image_store: str | None = None,
+    planned_epochs: int | None = None,
+) -> dict:
     """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
     it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
     child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
     the candidates and the child expands them into model runs (model_runs_for)."""
     cores = cpu_budget(threads, 0)[1]
-    loader_runs = [{"workers": w, "torch_threads": cpu_budget(threads, w)[1]}
-                   for w in worker_candidates(settings["workers"], cores)]  # fmt: skip
+    loader_runs = [
+        {"workers": w, "torch_threads": cpu_budget(threads, w)[1]}
+        for w in worker_candidates(settings["workers"], cores)
+    ]
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     hyp_defaults = stage_defaults.get("hyp") or {}
@@ -170,17 +218,24 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
     env["OMP_NUM_THREADS"] = str(request["cores"])  # the child sets each measurement's count itself
     planned = planned_seconds(request)
     with open(log_path, "a") as log:
-        log.write(f"probe: measuring {len(request['stages'])} stages' loops"
-                  + (f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
-                     if request["choose"] else "") + f" within a budget of {request['budget_s']:.0f} s\n")
+        log.write(
+            f"probe: measuring {len(request['stages'])} stages' loops"
+            + (
+                f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
+                if request["choose"]
+                else ""
+            )
+            + f" within a budget of {request['budget_s']:.0f} s\n"
+        )
         log.flush()
         argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
         # Like a stage's worker: its own session, its loader workers ended with it, a hung child stopped.
         limit_s = CHILD_STARTUP_S + CHILD_TIMEOUT_FACTOR * planned
         result = supervise(argv, env, stdout=log, stderr=subprocess.STDOUT, timeout_s=limit_s)
     if result.timed_out:
-        raise RuntimeError(f"probe: the measuring process ran past its {limit_s:.0f} s limit and was stopped; "
-                           f"see {log_path}")  # fmt: skip
+        raise RuntimeError(
+            f"probe: the measuring process ran past its {limit_s:.0f} s limit and was stopped; see {log_path}"
+        )
     if result.returncode != 0:
         raise RuntimeError(f"probe: the measuring process exited {result.returncode}; see {log_path}")
     return read_json(request["out"])
@@ -218,14 +273,18 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
     if any(spec["engine"].get("compile") for spec in request["stages"].values()):
         notes.append("engine.compile: the probe times the uncompiled step (compiling takes longer than its budget)")
     if sorted(request["batches"]) != sorted(settings["batch"]):
-        notes.append(f"model timed at batch {request['batches']} only: no stage leaves batch at auto, so the other "
-                     f"candidates {settings['batch']} could not be chosen")  # fmt: skip
+        notes.append(
+            f"model timed at batch {request['batches']} only: no stage leaves batch at auto, so the other "
+            f"candidates {settings['batch']} could not be chosen"
+        )
     if not cuda:
         notes.append("AMP needs CUDA: measured with AMP off only; peak memory is not measured on CPU (null)")
     skipped = [run for run in measured["model"] + measured["loader"] if run.get("status") == "skipped"]
     if skipped:
-        notes.append(f"{len(skipped)} candidate runs not measured, so their candidates could not be chosen (a larger "
-                     f"probe.budget_s measures them): " + "; ".join(sorted({run["message"] for run in skipped})))
+        notes.append(
+            f"{len(skipped)} candidate runs not measured, so their candidates could not be chosen (a larger "
+            f"probe.budget_s measures them): " + "; ".join(sorted({run["message"] for run in skipped}))
+        )
     if request["choose"] and not choice:
         notes.append("no usable candidate: the stages keep their defaults")
     return {
@@ -235,12 +294,18 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
         "candidates": measured["candidates"],
         "measurements": {"loader": measured["loader"], "model": measured["model"], "stages": measured["stage_runs"]},
         "machine": {
-            "device": measured["device"], "device_name": measured["device_name"],
+            "device": measured["device"],
+            "device_name": measured["device_name"],
             "gpu_total_memory_bytes": measured["gpu_total_memory_bytes"],
-            "memory_limit_bytes": measured["memory_limit_bytes"], "bf16_supported": measured["bf16_supported"],
-            "threads_granted": threads, "available_cores": available_cores(), "cores_used": request["cores"],
-            "torch": measured["torch"], "load_average_before": load[0][0], "load_average_after": load[1][0],
-        },  # fmt: skip
+            "memory_limit_bytes": measured["memory_limit_bytes"],
+            "bf16_supported": measured["bf16_supported"],
+            "threads_granted": threads,
+            "available_cores": available_cores(),
+            "cores_used": request["cores"],
+            "torch": measured["torch"],
+            "load_average_before": load[0][0],
+            "load_average_after": load[1][0],
+        },
         "budget_s": {
             "budget_s": request["budget_s"],
             "allowed_s": measured.get("budget_allowed_s"),  # budget_s, or TRAINING_SHARE of the training if longer
@@ -249,11 +314,16 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "import_s": measured["import_s"],
             "child_s": measured["child_s"],
         },
-        "settings": {"img": request["img"], "workers": [run["workers"] for run in request["loader_runs"]],
-                     "workers_setting": settings["workers"], "batch": settings["batch"],
-                     "batch_measured": request["batches"], "min_steps": request["min_steps"],
-                     "stable_within": request["stable_within"],
-                     "max_memory_fraction": settings["max_memory_fraction"]},  # fmt: skip
+        "settings": {
+            "img": request["img"],
+            "workers": [run["workers"] for run in request["loader_runs"]],
+            "workers_setting": settings["workers"],
+            "batch": settings["batch"],
+            "batch_measured": request["batches"],
+            "min_steps": request["min_steps"],
+            "stable_within": request["stable_within"],
+            "max_memory_fraction": settings["max_memory_fraction"],
+        },
         "notes": notes,
         "written_unix": round(time.time(), 3),
     }

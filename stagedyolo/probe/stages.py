@@ -9,8 +9,21 @@ from stagedyolo.telemetry.summary import STEADY_BASIS
 
 # The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
 # warmup) do not change a step's cost.
-AUGMENTATION_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
-                     "fliplr", "mosaic", "mixup", "copy_paste")  # fmt: skip
+AUGMENTATION_KEYS = (
+    "hsv_h",
+    "hsv_s",
+    "hsv_v",
+    "degrees",
+    "translate",
+    "scale",
+    "shear",
+    "perspective",
+    "flipud",
+    "fliplr",
+    "mosaic",
+    "mixup",
+    "copy_paste",
+)
 
 
 def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_supported: bool | None) -> dict:
@@ -53,8 +66,20 @@ def predictions(stage_runs: list[dict]) -> dict:
             out[name] = {
                 "predicted_images_per_s": round(rate * run["gpus"], 3) if rate else None,
                 "basis": "one GPU x gpus (DDP scaling not measured)" if run["gpus"] > 1 else "measured end to end",
-                "settings": {k: run[k] for k in ("img", "freeze", "batch", "gpus", "workers", "torch_threads", "amp",
-                                                 "amp_dtype", "nominal_batch")},  # fmt: skip
+                "settings": {
+                    k: run[k]
+                    for k in (
+                        "img",
+                        "freeze",
+                        "batch",
+                        "gpus",
+                        "workers",
+                        "torch_threads",
+                        "amp",
+                        "amp_dtype",
+                        "nominal_batch",
+                    )
+                },
                 "steps": run.get("steps"),
                 "stable": run.get("stable"),
                 "seconds": run.get("seconds"),
@@ -75,11 +100,19 @@ def compare_prediction(prediction: dict | None, ran: dict, throughput: dict) -> 
     measured_images_per_s = throughput["steady_images_per_s"] if steady else None
     if not prediction or prediction.get("predicted_images_per_s") is None:
         why = "no probe ran for this stage" if not prediction else "the probe measured nothing for this stage"
-        return {"predicted_images_per_s": None, "measured_steady_images_per_s": measured_images_per_s,
-                "ratio": None, "within_tolerance": None, "reason": why}  # fmt: skip
+        return {
+            "predicted_images_per_s": None,
+            "measured_steady_images_per_s": measured_images_per_s,
+            "ratio": None,
+            "within_tolerance": None,
+            "reason": why,
+        }
     predicted = prediction["predicted_images_per_s"]
-    differs = {k: {"predicted_at": prediction["settings"].get(k), "ran": ran.get(k)}
-               for k in COMPARED_SETTINGS if prediction["settings"].get(k) != ran.get(k)}  # fmt: skip
+    differs = {
+        k: {"predicted_at": prediction["settings"].get(k), "ran": ran.get(k)}
+        for k in COMPARED_SETTINGS
+        if prediction["settings"].get(k) != ran.get(k)
+    }
     ratio = round(measured_images_per_s / predicted, 3) if measured_images_per_s and predicted else None
     return {
         "predicted_images_per_s": predicted,
@@ -88,6 +121,7 @@ def compare_prediction(prediction: dict | None, ran: dict, throughput: dict) -> 
         "within_tolerance": None if ratio is None else abs(ratio - 1) <= PREDICTION_TOLERANCE,
         "tolerance": PREDICTION_TOLERANCE,
         "settings_differ": differs,  # e.g. a tune trial kept another setting; then the ratio compares unlike runs
-        "reason": None if ratio is not None else f"no steady epoch measured ({throughput['basis']}: the first "
-                                                  "epoch includes warm-up)",
+        "reason": None
+        if ratio is not None
+        else f"no steady epoch measured ({throughput['basis']}: the first epoch includes warm-up)",
     }

@@ -15,7 +15,7 @@ loops after it need set aside, is not started (``affords``).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 # A measurement cut short by the budget still times this many steps: two halves to compare, one step each.
 MIN_TIMED_STEPS = 2
@@ -37,8 +37,14 @@ class MeasuringBudget:
     ``note_rate`` lengthens to TRAINING_SHARE of the planned training (``planned_train_images``) when that is longer.
     """
 
-    def __init__(self, deadline: float | None, runs: int, budget_s: float = 0.0, planned_train_images: int = 0,
-                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+    def __init__(
+        self,
+        deadline: float | None,
+        runs: int,
+        budget_s: float = 0.0,
+        planned_train_images: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.deadline, self.runs_left, self.clock = deadline, max(runs, 1), clock
         self.started = None if deadline is None else deadline - budget_s
         self.planned_train_images, self.fastest = planned_train_images, 0.0
@@ -81,14 +87,24 @@ def halves_agree(durations: list[float], images: list[int], stable_within: float
     half = len(durations) // 2
     if half == 0:
         return False, []
-    rates = [sum(images[:half]) / max(sum(durations[:half]), 1e-9),
-             sum(images[half:]) / max(sum(durations[half:]), 1e-9)]  # fmt: skip
+    rates = [
+        sum(images[:half]) / max(sum(durations[:half]), 1e-9),
+        sum(images[half:]) / max(sum(durations[half:]), 1e-9),
+    ]
     return abs(rates[0] - rates[1]) <= stable_within * max(rates), [round(r, 3) for r in rates]
 
 
-def time_steady(step: Callable[[], int], *, warmup_steps: int, min_steps: int, stable_within: float,
-                max_seconds: float, enough: Callable[[int, float], bool] | None = None,
-                deadline: float | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:  # fmt: skip
+def time_steady(
+    step: Callable[[], int],
+    *,
+    warmup_steps: int,
+    min_steps: int,
+    stable_within: float,
+    max_seconds: float,
+    enough: Callable[[int, float], bool] | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
     """Time ``step`` (returns the images it processed) in its steady state.
 
     After ``warmup_steps`` untimed steps, steps are timed one by one; the measurement is the latest ``min_steps``

@@ -5,5 +5,12 @@ from .sampler import Sampler
 from .summary import build_timing, effective_batch, timing_markdown, validate_timing, write_timing
 from .timer import StageTimer
 
-__all__ = ["StageTimer", "Sampler", "build_timing", "write_timing", "validate_timing", "timing_markdown",
-           "effective_batch"]
+__all__ = [
+    "StageTimer",
+    "Sampler",
+    "build_timing",
+    "write_timing",
+    "validate_timing",
+    "timing_markdown",
+    "effective_batch",
+]

@@ -144,12 +144,12 @@ class Sampler:
         for h in self._handles:
             vals = []
             for fn in (
-                lambda: p.nvmlDeviceGetUtilizationRates(h).gpu,
-                lambda: p.nvmlDeviceGetMemoryInfo(h).used / MB,
-                lambda: p.nvmlDeviceGetMemoryInfo(h).total / MB,
-                lambda: p.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                lambda: p.nvmlDeviceGetTemperature(h, getattr(p, "NVML_TEMPERATURE_GPU", 0)),
-                lambda: p.nvmlDeviceGetClockInfo(h, getattr(p, "NVML_CLOCK_SM", 1)),
+                lambda h=h: p.nvmlDeviceGetUtilizationRates(h).gpu,
+                lambda h=h: p.nvmlDeviceGetMemoryInfo(h).used / MB,
+                lambda h=h: p.nvmlDeviceGetMemoryInfo(h).total / MB,
+                lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                lambda h=h: p.nvmlDeviceGetTemperature(h, getattr(p, "NVML_TEMPERATURE_GPU", 0)),
+                lambda h=h: p.nvmlDeviceGetClockInfo(h, getattr(p, "NVML_CLOCK_SM", 1)),
             ):
                 try:
                     v = fn()
@@ -233,7 +233,7 @@ class Sampler:
                 break
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         self._init_gpu()
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.csv_path, "w", newline="")
@@ -265,7 +265,7 @@ class Sampler:
                 pass
             self._nvml = None
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -273,6 +273,12 @@ class Sampler:
 
     def info(self) -> dict:
         """Summary for timing meta: gpu status/names, sample count and the sampler's own CPU cost."""
-        return {"gpu_status": self.gpu_status, "gpu_names": list(self.gpu_names), "nvml_indices": list(self.nvml_indices),
-                "interval_s": self.interval_s, "samples": self.samples, "sample_cpu_s": round(self.sample_cpu_s, 4),
-                "errors": list(self.errors)}
+        return {
+            "gpu_status": self.gpu_status,
+            "gpu_names": list(self.gpu_names),
+            "nvml_indices": list(self.nvml_indices),
+            "interval_s": self.interval_s,
+            "samples": self.samples,
+            "sample_cpu_s": round(self.sample_cpu_s, 4),
+            "errors": list(self.errors),
+        }

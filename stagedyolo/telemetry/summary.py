@@ -43,8 +43,14 @@ def _stats(vals) -> dict | None:
         hi = min(lo + 1, len(vals) - 1)
         return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
 
-    return {"mean": round(sum(vals) / len(vals), 3), "p10": round(q(0.1), 3), "p50": round(q(0.5), 3),
-            "p90": round(q(0.9), 3), "max": round(vals[-1], 3), "n": len(vals)}
+    return {
+        "mean": round(sum(vals) / len(vals), 3),
+        "p10": round(q(0.1), 3),
+        "p50": round(q(0.5), 3),
+        "p90": round(q(0.9), 3),
+        "max": round(vals[-1], 3),
+        "n": len(vals),
+    }
 
 
 def read_telemetry(path) -> tuple[list[str], list[dict]]:
@@ -82,13 +88,20 @@ def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict
     torch_alloc = memory.get("torch_max_allocated_bytes")
     torch_res = memory.get("torch_max_reserved_bytes")
     out = {
-        "available": False, "reason": None, "count": len(ids), "names": list(meta.get("gpu_names") or []),
-        "window": window, "util_pct": None, "per_gpu": [],
+        "available": False,
+        "reason": None,
+        "count": len(ids),
+        "names": list(meta.get("gpu_names") or []),
+        "window": window,
+        "util_pct": None,
+        "per_gpu": [],
         "torch_peak_allocated_mb": round(torch_alloc / MB, 1) if torch_alloc is not None else None,
         "torch_peak_reserved_mb": round(torch_res / MB, 1) if torch_res is not None else None,
         "torch_total_mb": round(torch_total / MB, 1) if torch_total else None,
         "torch_memory_reason": memory.get("reason"),
-        "nvml_peak_used_mb": None, "nvml_total_mb": None, "peak_memory_share": None,
+        "nvml_peak_used_mb": None,
+        "nvml_total_mb": None,
+        "peak_memory_share": None,
     }
     pooled = []
     shares = []
@@ -104,8 +117,15 @@ def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict
         pooled += [u for u in util if u is not None]
         if peak is not None and tot:
             shares.append(peak / tot)
-        out["per_gpu"].append({"index": k, "util_pct": _stats(util), "nvml_peak_used_mb": peak, "nvml_total_mb": tot,
-                               "power_w_mean": (_stats(power) or {}).get("mean")})
+        out["per_gpu"].append(
+            {
+                "index": k,
+                "util_pct": _stats(util),
+                "nvml_peak_used_mb": peak,
+                "nvml_total_mb": tot,
+                "power_w_mean": (_stats(power) or {}).get("mean"),
+            }
+        )
     if pooled:
         out["available"] = True
         out["util_pct"] = _stats(pooled)
@@ -176,15 +196,21 @@ def _engine_section(meta: dict) -> dict | None:
     patches = meta.get("patches")
     if patches is None:
         return None
-    return {"mode": meta.get("engine_mode"), "patches_applied": [p["name"] for p in patches if p["applied"]],
-            "patches_not_applied": {p["name"]: p["reason"] for p in patches if not p["applied"]},
-            "sync_every_batches": meta.get("sync_every_batches"), "compile": meta.get("compile")}  # fmt: skip
+    return {
+        "mode": meta.get("engine_mode"),
+        "patches_applied": [p["name"] for p in patches if p["applied"]],
+        "patches_not_applied": {p["name"]: p["reason"] for p in patches if not p["applied"]},
+        "sync_every_batches": meta.get("sync_every_batches"),
+        "compile": meta.get("compile"),
+    }
 
 
 def _sync_note(note: str | None, every) -> str | None:
     if note and every and int(every) > 1:
-        return (f"{note}; but fast mode formats the loss only every {every} batches (sync_every_batches): batch "
-                "compute between those is host enqueue time, and the wait for the GPU lands on the next synced batch")
+        return (
+            f"{note}; but fast mode formats the loss only every {every} batches (sync_every_batches): batch "
+            "compute between those is host enqueue time, and the wait for the GPU lands on the next synced batch"
+        )
     return note
 
 
@@ -193,9 +219,12 @@ def image_cache_detail(loaders: list[dict] | None) -> dict:
     if not loaders:
         return {"cache_source": None, "cache_s": None, "cache_images_decoded": None, "cache_loaders": None}
     sources = {r.get("source") for r in loaders}
-    return {"cache_source": sources.pop() if len(sources) == 1 else "mixed",
-            "cache_s": round(sum(finite(r.get("seconds")) or 0.0 for r in loaders), 4),
-            "cache_images_decoded": sum(int(r.get("decoded") or 0) for r in loaders), "cache_loaders": list(loaders)}
+    return {
+        "cache_source": sources.pop() if len(sources) == 1 else "mixed",
+        "cache_s": round(sum(finite(r.get("seconds")) or 0.0 for r in loaders), 4),
+        "cache_images_decoded": sum(int(r.get("decoded") or 0) for r in loaders),
+        "cache_loaders": list(loaders),
+    }
 
 
 def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = None, meta: dict | None = None) -> dict:
@@ -219,25 +248,27 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         train_s = finite(e.get("train_s")) or 0.0
         images = int(e.get("images") or 0) * world
         batches = int(e.get("batches") or 0)
-        epochs.append({
-            "epoch": int(e.get("epoch", len(epochs))),
-            "complete": bool(e.get("complete", False)),
-            "train_s": round(train_s, 4),
-            "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
-            "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
-            "val_s": round(finite(e.get("val_s")) or 0.0, 4),
-            "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
-            "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
-            "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
-            "batches": batches,
-            "images": images,
-            "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
-            "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
-            "compute_p50_s": finite(e.get("compute_p50_s")),
-            "data_wait_p90_s": finite(e.get("data_wait_p90_s")),
-            "validated": bool(e.get("validated", False)),
-            "saved": bool(e.get("saved", False)),
-        })
+        epochs.append(
+            {
+                "epoch": int(e.get("epoch", len(epochs))),
+                "complete": bool(e.get("complete", False)),
+                "train_s": round(train_s, 4),
+                "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
+                "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
+                "val_s": round(finite(e.get("val_s")) or 0.0, 4),
+                "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
+                "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
+                "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
+                "batches": batches,
+                "images": images,
+                "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
+                "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
+                "compute_p50_s": finite(e.get("compute_p50_s")),
+                "data_wait_p90_s": finite(e.get("data_wait_p90_s")),
+                "validated": bool(e.get("validated", False)),
+                "saved": bool(e.get("saved", False)),
+            }
+        )
 
     # ---------------------------------------------------------------- phases
     ph = {
@@ -300,12 +331,35 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     cpu = _cpu_section(cols, rows, win_rows)
 
     b = meta.get("batch")
-    config = {k: meta.get(k) for k in ("batch", "workers", "amp", "amp_dtype", "amp_reason", "img", "cache", "device",
-                                        "epochs", "threads", "gpus", "val_period", "plots", "nosave", "nominal_batch",
-                                        "patience", "time_budget_s", "handover_on_stall")}  # fmt: skip
+    config = {
+        k: meta.get(k)
+        for k in (
+            "batch",
+            "workers",
+            "amp",
+            "amp_dtype",
+            "amp_reason",
+            "img",
+            "cache",
+            "device",
+            "epochs",
+            "threads",
+            "gpus",
+            "val_period",
+            "plots",
+            "nosave",
+            "nominal_batch",
+            "patience",
+            "time_budget_s",
+            "handover_on_stall",
+        )
+    }
     config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
-    sd = {"imports_s": finite(raw.get("setup_imports_s")), "build_s": finite(raw.get("setup_build_s")),
-          **image_cache_detail(meta.get("image_cache"))}  # fmt: skip
+    sd = {
+        "imports_s": finite(raw.get("setup_imports_s")),
+        "build_s": finite(raw.get("setup_build_s")),
+        **image_cache_detail(meta.get("image_cache")),
+    }
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),
@@ -325,8 +379,12 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "cpu": cpu,
         "config": config,
         "attempts": list(meta.get("attempts") or []),
-        "telemetry": {"samples": len(rows), "window_samples": len(win_rows), "gpu_status": gpu["reason"] or "ok",
-                      "sampler": _sampler_info(meta)},
+        "telemetry": {
+            "samples": len(rows),
+            "window_samples": len(win_rows),
+            "gpu_status": gpu["reason"] or "ok",
+            "sampler": _sampler_info(meta),
+        },
         "engine": _engine_section(meta),
         "sync": _sync_note(raw.get("sync"), meta.get("sync_every_batches")),
         "tune": meta.get("tune"),
@@ -352,42 +410,58 @@ def _fmt(v, spec="{:.3g}", none="n/a"):
 def _setup_line(sd: dict) -> str:
     line = f"- Set-up: imports {_fmt(sd.get('imports_s'))} s, dataset + model build {_fmt(sd.get('build_s'))} s"
     if sd.get("cache_source"):
-        line += (f"; RAM image cache: {sd['cache_source']} ({_fmt(sd.get('cache_s'))} s, "
-                 f"{sd.get('cache_images_decoded')} image(s) decoded in this stage)")
+        line += (
+            f"; RAM image cache: {sd['cache_source']} ({_fmt(sd.get('cache_s'))} s, "
+            f"{sd.get('cache_images_decoded')} image(s) decoded in this stage)"
+        )
     return line
 
 
 # What `stopped_by` means (stagedyolo.engine.stopping), for timing.md.
-STOP_REASONS = {"patience": "patience, no better fitness on the validated epochs", "time_budget": "its time budget",
-                "stall": "handover_on_stall, its fitness gain per second stalled"}
+STOP_REASONS = {
+    "patience": "patience, no better fitness on the validated epochs",
+    "time_budget": "its time budget",
+    "stall": "handover_on_stall, its fitness gain per second stalled",
+}
 
 
 def timing_markdown(t: dict) -> str:
     ph = t["phases"]
-    lines = [f"# Timing: {t.get('stage') or 'stage'}", "",
-             f"Wall {t['wall_s']:.1f} s, {t['epochs_completed']} epoch(s) completed"
-             + ("" if t["finished"] else " (training did not finish)")
-             + (f" (ended early: {STOP_REASONS[t['stopped_by']]})" if t.get("stopped_by") else "") + ".", "",
-             "| phase | seconds | share |", "|---|---:|---:|"]
+    lines = [
+        f"# Timing: {t.get('stage') or 'stage'}",
+        "",
+        f"Wall {t['wall_s']:.1f} s, {t['epochs_completed']} epoch(s) completed"
+        + ("" if t["finished"] else " (training did not finish)")
+        + (f" (ended early: {STOP_REASONS[t['stopped_by']]})" if t.get("stopped_by") else "")
+        + ".",
+        "",
+        "| phase | seconds | share |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| {k} | {ph[k]['s']:.2f} | {100 * ph[k]['share']:.1f} % |" for k in PHASES]
     th, g, c = t["throughput"], t["gpu"], t["cpu"]
-    lines += ["",
-              f"- Steady state ({th['basis']}): {_fmt(th['steady_images_per_s'])} images/s, "
-              f"{_fmt(th['steady_it_per_s'])} it/s" + _prediction_note(t.get("prediction")),
-              f"- Data wait: {_fmt(t['data_wait']['share'] and 100 * t['data_wait']['share'], '{:.1f}')} % of step time",
-              _setup_line(t.get("setup_detail") or {}),
-              f"- First epoch / steady epoch: {_fmt(t['first_epoch_overhead'], '{:.2f}')}"
-              + (f" ({t['first_epoch_overhead_reason']})" if t["first_epoch_overhead_reason"] else ""),
-              ]
+    lines += [
+        "",
+        f"- Steady state ({th['basis']}): {_fmt(th['steady_images_per_s'])} images/s, "
+        f"{_fmt(th['steady_it_per_s'])} it/s" + _prediction_note(t.get("prediction")),
+        f"- Data wait: {_fmt(t['data_wait']['share'] and 100 * t['data_wait']['share'], '{:.1f}')} % of step time",
+        _setup_line(t.get("setup_detail") or {}),
+        f"- First epoch / steady epoch: {_fmt(t['first_epoch_overhead'], '{:.2f}')}"
+        + (f" ({t['first_epoch_overhead_reason']})" if t["first_epoch_overhead_reason"] else ""),
+    ]
     if g["available"]:
         u = g["util_pct"]
-        lines.append(f"- GPU util ({g['window']} window): mean {u['mean']:.0f} %, p10 {u['p10']:.0f} %, "
-                     f"p50 {u['p50']:.0f} %, p90 {u['p90']:.0f} %; peak memory share "
-                     f"{_fmt(g['peak_memory_share'] and 100 * g['peak_memory_share'], '{:.0f}')} %")
+        lines.append(
+            f"- GPU util ({g['window']} window): mean {u['mean']:.0f} %, p10 {u['p10']:.0f} %, "
+            f"p50 {u['p50']:.0f} %, p90 {u['p90']:.0f} %; peak memory share "
+            f"{_fmt(g['peak_memory_share'] and 100 * g['peak_memory_share'], '{:.0f}')} %"
+        )
     else:
         lines.append(f"- GPU: none ({g['reason']})")
-    lines.append(f"- CPU util mean {_fmt(c['util_mean_pct'], '{:.0f}')} % of {c['cores'] or '?'} cores; "
-                 f"peak RSS {_fmt(c['peak_rss_mb'], '{:.0f}')} MB")
+    lines.append(
+        f"- CPU util mean {_fmt(c['util_mean_pct'], '{:.0f}')} % of {c['cores'] or '?'} cores; "
+        f"peak RSS {_fmt(c['peak_rss_mb'], '{:.0f}')} MB"
+    )
     cfg = t["config"]
     lines.append("- Config: " + ", ".join(f"{k}={cfg[k]}" for k in cfg if cfg[k] is not None))
     for w in t["warnings"]:
@@ -399,8 +473,10 @@ def _prediction_note(prediction: dict | None) -> str:
     if not prediction or prediction.get("predicted_images_per_s") is None:
         return ""
     ratio = prediction["ratio"]
-    return (f"; the probe predicted {_fmt(prediction['predicted_images_per_s'])} (measured/predicted "
-            f"{_fmt(ratio, '{:.2f}')})")
+    return (
+        f"; the probe predicted {_fmt(prediction['predicted_images_per_s'])} (measured/predicted "
+        f"{_fmt(ratio, '{:.2f}')})"
+    )
 
 
 def write_timing(stage_dir, timing: dict) -> dict:

@@ -103,9 +103,16 @@ class StageTimer:
 
     # ------------------------------------------------------------------ registration
     _EARLY = (
-        "on_pretrain_routine_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
-        "on_train_batch_end", "on_train_epoch_end", "on_val_start", "on_fit_epoch_end",
-        "on_model_save", "on_train_end",
+        "on_pretrain_routine_start",
+        "on_train_start",
+        "on_train_epoch_start",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_train_epoch_end",
+        "on_val_start",
+        "on_fit_epoch_end",
+        "on_model_save",
+        "on_train_end",
     )
     _LATE = ("on_train_batch_end", "on_fit_epoch_end", "on_model_save", "on_train_end")
 
@@ -119,7 +126,9 @@ class StageTimer:
         if self._late_registered or self.callbacks is None:
             return
         for hook in self._LATE:
-            self.callbacks.register_action(hook, name="stagedyolo.StageTimer.late", callback=getattr(self, f"_{hook}_late"))
+            self.callbacks.register_action(
+                hook, name="stagedyolo.StageTimer.late", callback=getattr(self, f"_{hook}_late")
+            )
         self._late_registered = True
 
     def _unix(self, t_pc: float | None) -> float | None:
@@ -139,7 +148,11 @@ class StageTimer:
         now = _pc()
         self._close_tail(now)
         self._cur = {
-            "epoch": len(self.epochs), "t_start": now, "complete": False, "validated": False, "saved": False,
+            "epoch": len(self.epochs),
+            "t_start": now,
+            "complete": False,
+            "validated": False,
+            "saved": False,
             "gap_before_s": (now - self._t_mark) if self._t_mark is not None else 0.0,
         }
         self._dw, self._cp, self._imgs, self._blog = [], [], 0, 0.0
@@ -309,18 +322,32 @@ class StageTimer:
     def memory(self) -> dict:
         """Peak torch memory on the current CUDA device, or nulls with the reason."""
         if not self.cuda:
-            return {"torch_max_allocated_bytes": None, "torch_max_reserved_bytes": None, "total_bytes": None,
-                    "device_name": None, "reason": "device is not CUDA"}
+            return {
+                "torch_max_allocated_bytes": None,
+                "torch_max_reserved_bytes": None,
+                "total_bytes": None,
+                "device_name": None,
+                "reason": "device is not CUDA",
+            }
         try:
             torch = sys.modules.get("torch") or __import__("torch")
             dev = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(dev)
-            return {"torch_max_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
-                    "torch_max_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
-                    "total_bytes": int(props.total_memory), "device_name": props.name, "reason": None}
+            return {
+                "torch_max_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
+                "torch_max_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
+                "total_bytes": int(props.total_memory),
+                "device_name": props.name,
+                "reason": None,
+            }
         except Exception as exc:
-            return {"torch_max_allocated_bytes": None, "torch_max_reserved_bytes": None, "total_bytes": None,
-                    "device_name": None, "reason": f"torch.cuda unavailable: {exc!r}"}
+            return {
+                "torch_max_allocated_bytes": None,
+                "torch_max_reserved_bytes": None,
+                "total_bytes": None,
+                "device_name": None,
+                "reason": f"torch.cuda unavailable: {exc!r}",
+            }
 
     # ------------------------------------------------------------------ output
     def current_epoch(self) -> dict | None:
@@ -336,9 +363,17 @@ class StageTimer:
         if self._cur is not None and self._state == "train":  # interrupted mid-epoch: snapshot without mutating
             c = dict(self._cur)
             dw, cp = self._dw, self._cp
-            c.update(batches=len(cp), images=self._imgs, data_wait_s=sum(dw[: len(cp)]), compute_s=sum(cp),
-                     batch_logging_s=self._blog, train_s=(now - c["t_start"]) - self._blog,
-                     val_s=0.0, logging_s=0.0, checkpoint_s=0.0)
+            c.update(
+                batches=len(cp),
+                images=self._imgs,
+                data_wait_s=sum(dw[: len(cp)]),
+                compute_s=sum(cp),
+                batch_logging_s=self._blog,
+                train_s=(now - c["t_start"]) - self._blog,
+                val_s=0.0,
+                logging_s=0.0,
+                checkpoint_s=0.0,
+            )
             epochs.append(c)
         elif self._cur is not None:
             epochs.append(dict(self._cur))

@@ -35,7 +35,9 @@ def sbatch(argv):
     script = " ".join(a for a in argv if a.startswith("--wrap=")) or stdin or ""
     target = re.search(r"--target-jobs\s+'?([^'\s]+)'?", script)
     workdir = Path(argv[argv.index("-D") + 1]) if "-D" in argv else Path.cwd()
-    outputs = json.loads(Path(os.environ["SLURM_STUB_OUTPUTS"]).read_text()) if "SLURM_STUB_OUTPUTS" in os.environ else {}
+    outputs = (
+        json.loads(Path(os.environ["SLURM_STUB_OUTPUTS"]).read_text()) if "SLURM_STUB_OUTPUTS" in os.environ else {}
+    )
     for path in outputs.get(target.group(1), []) if target else []:
         out = workdir / path
         out.parent.mkdir(parents=True, exist_ok=True)
