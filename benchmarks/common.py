@@ -278,7 +278,7 @@ def copy_dataset(data_yaml: Path, dest: Path) -> Path:
 def write_hyp(path: Path, lr0: float, overrides: dict) -> Path:
     import yaml
 
-    from stagedyolo.engine.plan import stage_hyp
+    from stagedyolo.engine.options import stage_hyp
 
     path.write_text(yaml.safe_dump(stage_hyp(lr0, overrides), sort_keys=False))
     return path
@@ -334,8 +334,9 @@ def run_one_stage(
     train_stage rule runs it. Returns {wall_s, timing, stage_json}."""
     import yaml
 
-    from stagedyolo.engine.plan import stage_spec
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.recipe import stage_spec
+    from stagedyolo.stage import run_stage
+    from stagedyolo.stage_plan import build_plan
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     spec = {**stage_spec(cfg, stage), **overrides}

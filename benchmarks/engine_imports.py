@@ -28,7 +28,7 @@ from common import WORK, LoadSampler, baseline_tree, commit_of, machine_info, sa
 
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.jsonio import write_json
-from stagedyolo.stage import build_plan
+from stagedyolo.stage_plan import build_plan
 
 CHILD = """
 import json, sys, time

@@ -107,7 +107,8 @@ def epoch_loop_images_per_s(events: list[dict], images: int) -> float | None:
 
 
 def run_stage_variant(name: str, engine: dict, s: dict, data: Path, weights: Path, workdir: Path, rnd: int) -> dict:
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.stage import run_stage
+    from stagedyolo.stage_plan import build_plan
 
     spec = {
         "epochs": s["epochs"],
@@ -236,8 +237,8 @@ def component_effects(blocks: int = 7, per_block: int = 10, threads: int = 1) ->
     from yolov5.models.yolo import Model
     from yolov5.utils.torch_utils import ModelEMA, smart_optimizer
 
+    from stagedyolo.engine.options import yolov5_dir
     from stagedyolo.engine.patches import foreach_model_ema
-    from stagedyolo.engine.plan import yolov5_dir
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

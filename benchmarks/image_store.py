@@ -56,7 +56,8 @@ METRICS = ("cache_s", "build_s", "setup_s")
 
 
 def run(kind: str, data: Path, store: str | None, workdir: Path, name: str) -> dict:
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.stage import run_stage
+    from stagedyolo.stage_plan import build_plan
 
     stage_dir = workdir / "stages" / name
     shutil.rmtree(stage_dir, ignore_errors=True)

@@ -180,7 +180,7 @@ def det_restart_stages(frozen: int, finetune: int) -> dict:
 
 
 def stage_imgs(config: dict) -> dict:
-    from stagedyolo.engine.plan import stage_spec
+    from stagedyolo.recipe import stage_spec
 
     return {stage: stage_spec(config, stage)["img"] for stage in config["stages"]}
 
@@ -256,8 +256,9 @@ def _rows(events: list[dict], start: float, img_of) -> list[dict]:
 
 
 def run_control(config: dict, staged: dict, data_yaml: Path, budget: int, img: int, workdir: Path) -> dict:
-    from stagedyolo.engine.plan import stage_spec
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.recipe import stage_spec
+    from stagedyolo.stage import run_stage
+    from stagedyolo.stage_plan import build_plan
 
     if workdir.exists():
         shutil.rmtree(workdir)

@@ -210,7 +210,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import yaml
 
-    from stagedyolo.engine.plan import stage_spec
+    from stagedyolo.recipe import stage_spec
 
     source = find_demo_source(a.source)
     workdir = make_snakemake_workdir(a.workdir, config_text(source, a))

@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from stagedyolo.demo import write_demo  # noqa: E402
-from stagedyolo.engine.plan import available_cores, probe_batches, stage_spec  # noqa: E402
 from stagedyolo.probe import probe_for_rule  # noqa: E402
-from stagedyolo.stage import build_plan, run_stage  # noqa: E402
+from stagedyolo.recipe import probe_batches, stage_spec  # noqa: E402
+from stagedyolo.stage import run_stage  # noqa: E402
+from stagedyolo.stage_plan import available_cores, build_plan  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 

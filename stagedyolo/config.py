@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagedyolo.engine.plan import previous_stage, stage_hyp, stage_names, stage_spec, yolov5_dir
+from stagedyolo.engine.options import stage_hyp, yolov5_dir
+from stagedyolo.recipe import previous_stage, stage_names, stage_spec
 
 
 class ConfigError(ValueError):

@@ -196,7 +196,8 @@ def pretrain_demo_weights(
     pretraining's own epochs, size, batch and optimizer, validated once at the end."""
     import shutil
 
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.stage import run_stage
+    from stagedyolo.stage_plan import build_plan
 
     out = Path(weights_out)
     spec = {

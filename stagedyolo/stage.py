@@ -15,7 +15,6 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,133 +23,19 @@ from stagedyolo.diagnosis import diagnose, verdict_line, write_diagnosis
 from stagedyolo.engine.checkpoint import FINISHED_EPOCH, CheckpointUnanswered, read_checkpoint
 from stagedyolo.engine.continuation import handover_path
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import (
-    MIN_RETRY_BATCH,
-    cpu_budget,
-    engine_spec,
-    resolve_batch,
-    run_outline,
-    spec_digest,
-    stage_hyp,
-    stage_spec,
-    yolov5_options,
-)
-from stagedyolo.engine.train_module import YOLOV5_MIN_WARMUP_ITERS, YOLOV5_NOMINAL_BATCH
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
-from stagedyolo.launch import (
-    OWNER_FILE,
-    FolderOwned,
-    build_stage_command,
-    explicit_gpu_indices,
-    owning,
-    run_supervised,
-    scaled_lr0,
-)
+from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
 from stagedyolo.probe.stages import compare_prediction
-from stagedyolo.progress import ProgressRelay
-from stagedyolo.telemetry import Sampler, build_timing, write_timing
-
-# Plan keys that may differ between a killed run and its resumption without changing what is trained: the try, and
-# what the machine decides (loader workers and torch threads follow the job's cores, the cache mode its memory).
-RUNTIME_KEYS = ("attempt", "resume_from", "torch_threads", "workers", "cache", "image_store", "run_stages")
+from stagedyolo.recipe import run_outline, stage_spec
+from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
+from stagedyolo.telemetry import build_timing, write_timing
+from stagedyolo.tune import tune_stage
+from stagedyolo.worker_launch import launch_worker, timing_meta
 
 
 class StageFailed(RuntimeError):
     """A stage failed; the message says why and what to change."""
-
-
-def build_plan(
-    spec: dict,
-    *,
-    stage: str,
-    data: str,
-    weights: str | None,
-    cfg: str,
-    cache_mode: str,
-    threads: int,
-    work_dir: Path,
-    probe_choice: dict | None = None,
-    image_store: str | None = None,
-    run_stages: list[dict] | None = None,
-) -> dict:
-    """Everything the worker needs, decided once. Paths are absolute: yolov5 sends a relative weights path
-    with at most one slash to the Hugging Face hub, even when the file exists. ``image_store``: the working copy
-    whose prebuilt image store serves a ram cache (cache_dataset's decision), None to let yolov5 decode.
-    ``run_stages``: every stage of the run in order ({stage, epochs, img}), for the progress line's run ETA."""
-    probe_choice = probe_choice or {}
-    workers, torch_threads = cpu_budget(threads, spec["workers"], probe_choice, gpus=int(spec["gpus"]))
-    cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
-    amp_from_probe = spec["amp"] == "auto" and "amp" in probe_choice
-    # The probe measures one GPU's batch; a stage's batch is the total over its GPUs.
-    batch = resolve_batch(spec["batch"], spec["gpus"], probe_choice)
-    # A spec that leaves them out (an older config, a hand-built spec) trains exactly as yolov5 does.
-    nominal_batch = _unless_none(spec.get("nominal_batch"), YOLOV5_NOMINAL_BATCH)
-    min_warmup_iters = _unless_none(spec.get("min_warmup_iters"), YOLOV5_MIN_WARMUP_ITERS)
-    continues = bool(spec.get("continues"))
-    return {
-        "stage": stage,
-        "data": str(Path(data).resolve()),
-        "weights": str(Path(weights).resolve()) if weights else "",
-        # Which file the path held: a stage interrupted before the previous stage was retrained into the same path
-        # must not resume from training that started on the old weights (the plan digest tells them apart).
-        "weights_stamp": _file_stamp(weights),
-        "cfg": cfg,
-        "epochs": spec["epochs"],
-        "img": spec["img"],
-        "batch": batch,
-        "workers": workers,
-        "torch_threads": torch_threads,
-        "freeze": spec["freeze"],
-        "optimizer": spec["optimizer"],
-        "hyp": _continued_hyp(
-            stage_hyp(scaled_lr0(spec["lr0"], batch, spec["lr_scaling"], nominal_batch), spec["hyp"]), continues
-        ),
-        "nominal_batch": nominal_batch,
-        "min_warmup_iters": 0 if continues else min_warmup_iters,
-        "continues": continues,
-        "lr_from_previous": bool(spec.get("lr_from_previous")),
-        "cache": None if cache == "none" else cache,
-        "image_store": image_store if cache == "ram" else None,
-        "amp": probe_choice["amp"] if amp_from_probe else spec["amp"],
-        "amp_source": _amp_source(probe_choice) if amp_from_probe else "config",
-        "device": str(spec["device"]),
-        "val_period": spec["val_period"],
-        "gpus": spec["gpus"],
-        "sync_bn": spec["sync_bn"],
-        "plots": spec["plots"],
-        "nosave": spec["nosave"],
-        "engine": spec.get("engine") or engine_spec({}, spec.get("engine_mode")),
-        "options": {**yolov5_options(spec), **({"noautoanchor": True} if continues else {})},
-        "time_budget_s": spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
-        "handover_on_stall": spec.get("handover_on_stall"),
-        "work_dir": str(Path(work_dir).resolve()),
-        "run_stages": run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
-    }
-
-
-def _continued_hyp(hyp: dict, continues: bool) -> dict:
-    """A continuing stage does not warm up again: the training's one warmup ran in its first stage. (With
-    warmup_epochs and min_warmup_iters 0, train.py's warmup interpolation sets the stage's own LR and momentum at its
-    first step.) Its lr0 is the handover's unless the stage named one: the worker fills it in."""
-    return {**hyp, "warmup_epochs": 0.0} if continues else hyp
-
-
-def _file_stamp(path: str | None) -> str | None:
-    try:
-        stat = Path(path).stat() if path else None
-    except OSError:  # not there yet (a plan made ahead of its input): nothing to tell apart
-        return None
-    return f"{stat.st_size}:{stat.st_mtime_ns}" if stat else None
-
-
-def _amp_source(probe_choice: dict) -> str:
-    reason = probe_choice.get("amp_reason")
-    return f"probe ({reason})" if reason else "probe"
-
-
-def _unless_none(value, default):
-    return default if value is None else value
 
 
 def train_stage(
@@ -188,15 +73,13 @@ def train_stage(
         run_stages=run_outline(config),
     )
 
-    def make_plan(changes: dict) -> dict:  # the stage's plan with some settings changed (a tune candidate)
+    def make_plan(changes: dict) -> StagePlan:  # the stage's plan with some settings changed (a tune candidate)
         return build_plan({**spec, **changes}, **settings)
 
     engine_home = Path(run_dir) / "engine"
     with _owned(settings["work_dir"], stage):  # its tune trials too: one supervisor per stage
         plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
         if spec.get("tune"):
-            from stagedyolo.tune import tune_stage  # tune runs stages' workers itself: imported here, not at the top
-
             plan, tune = tune_stage(
                 make_plan,
                 tune_dir=tune_dir,
@@ -220,7 +103,7 @@ def train_stage(
 
 
 def run_stage(
-    plan: dict,
+    plan: StagePlan,
     *,
     stage_dir: str | Path,
     attempt: int,
@@ -249,7 +132,7 @@ def run_stage(
 
 
 def _train_and_publish(
-    plan: dict,
+    plan: StagePlan,
     stage_dir: Path,
     attempt: int,
     log_path,
@@ -303,7 +186,7 @@ def _train_and_publish(
             "message": outcome.get("message"),
         }
     )
-    write_json(work_dir / "attempts.json", {"digest": _digest(plan), "attempts": attempts})
+    write_json(work_dir / "attempts.json", {"digest": plan_digest(plan), "attempts": attempts})
     if outcome["status"] != "ok":
         raise StageFailed(_failure_message(plan, outcome, log_path))
     verdict = publish(work_dir, stage_dir, plan, outcome, attempts, wall, tune, prediction)
@@ -313,16 +196,10 @@ def _train_and_publish(
     return outcome
 
 
-def retry_batch(batch: int, attempts: list[dict]) -> int:
-    """Half the batch for every out-of-memory failure so far, never below MIN_RETRY_BATCH."""
-    ooms = sum(1 for a in attempts if a["status"] == "oom")
-    return max(MIN_RETRY_BATCH, batch // 2**ooms) if ooms else batch
-
-
 def publish(
     work_dir: Path,
     stage_dir: Path,
-    plan: dict,
+    plan: StagePlan,
     outcome: dict,
     attempts: list[dict],
     wall: float,
@@ -352,7 +229,7 @@ def publish(
 def _write_published(
     folder: Path,
     work_dir: Path,
-    plan: dict,
+    plan: StagePlan,
     outcome: dict,
     attempts: list[dict],
     wall: float,
@@ -425,10 +302,10 @@ def _sibling(stage_dir: Path, role: str) -> Path:
     return stage_dir.with_name(f".{stage_dir.name}.{role}")
 
 
-def _ready_folder(stage_dir: Path, plan: dict) -> Path:
+def _ready_folder(stage_dir: Path, plan: StagePlan) -> Path:
     """Where a complete publish of `plan` waits for its swap: named by the plan's digest, so a rerun takes up only
     its own plan's."""
-    return _sibling(stage_dir, f"published-{_digest(plan)}")
+    return _sibling(stage_dir, f"published-{plan_digest(plan)}")
 
 
 def _swap_in(ready: Path, stage_dir: Path, work_dir: Path) -> None:
@@ -445,71 +322,6 @@ def _swap_in(ready: Path, stage_dir: Path, work_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def timing_meta(plan: dict, outcome: dict, attempts: list[dict]) -> dict:
-    """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
-    return {
-        "stage": plan["stage"],
-        "batch": plan["batch"],
-        "workers": plan["workers"],
-        "amp": outcome.get("amp"),
-        "amp_dtype": outcome.get("amp_dtype"),
-        "amp_reason": outcome.get("amp_reason"),
-        "img": plan["img"],
-        "cache": plan["cache"] or "none",
-        "device": outcome.get("device"),
-        "epochs": plan["epochs"],
-        "attempts": attempts,
-        "threads": plan["torch_threads"],
-        "gpus": plan["gpus"],
-        "val_period": plan["val_period"],
-        "plots": plan["plots"],
-        "nosave": plan["nosave"],
-        "nominal_batch": plan["nominal_batch"],
-        "image_cache": outcome.get("image_cache"),
-        "patience": plan.get("options", {}).get("patience"),
-        "time_budget_s": plan.get("time_budget_s"),
-        "stopped_by": outcome.get("stopped_by"),
-        "handover_on_stall": outcome.get("handover_on_stall"),
-        **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
-        **outcome.get("sampler", {}),
-    }
-
-
-def launch_worker(plan: dict, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
-    """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
-    plan_path = work_dir / "plan.json"
-    write_json(plan_path, plan)
-    argv, env = worker_command(plan, plan_path, env)
-    samplers = []
-
-    def start_sampler(pid: int) -> None:  # samples the worker's whole process tree, ranks and loaders included
-        samplers.append(Sampler(work_dir / "telemetry.csv", interval_s=telemetry_interval, root_pid=pid).start())
-
-    try:
-        # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
-        # The relay shows each epoch's progress line on our stderr (Snakemake's console); the worker's goes to the log.
-        with ProgressRelay(work_dir):
-            returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
-    finally:
-        for sampler in samplers:
-            sampler.stop()
-    return returncode, samplers[0].info() if samplers else {}
-
-
-def worker_command(plan: dict, plan_path: Path, env: dict) -> tuple[list[str], dict]:
-    """The worker's argv and environment: on the GPUs the stage's device names among the visible ones (explicit
-    indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable)."""
-    gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
-    return build_stage_command(
-        ["-m", "stagedyolo.engine.worker", str(plan_path)],
-        gpus,
-        plan["batch"],
-        env=env,
-        stage=plan["stage"],
-        device=plan["device"],
-    )
-
-
 @contextlib.contextmanager
 def _owned(work_dir: Path, stage: str):
     """Own the stage's work folder while the block runs (launch.owning); another live owner fails the stage."""
@@ -520,7 +332,7 @@ def _owned(work_dir: Path, stage: str):
         raise StageFailed(f"stage {stage}: {error}") from None
 
 
-def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str | None, bool]:
+def _prepare_work_dir(work_dir: Path, plan: StagePlan, env: dict, log) -> tuple[str | None, bool]:
     """Return (the checkpoint to resume from, whether training already finished), or start from a clean folder.
 
     A checkpoint is reused only when the interrupted run had the same plan, batch included (the digest leaves
@@ -557,12 +369,12 @@ def _prepare_work_dir(work_dir: Path, plan: dict, env: dict, log) -> tuple[str |
         log.write(f"stagedyolo: wiping the work folder {work_dir}: {reason}; the stage trains from its start\n")
     history = read_json(work_dir / "attempts.json")
     _empty_folder(work_dir)
-    if history and history.get("digest") == _digest(plan):
+    if history and history.get("digest") == plan_digest(plan):
         write_json(work_dir / "attempts.json", history)
     return None, False
 
 
-def _reason_to_start_over(work_dir: Path, plan: dict) -> str | None:
+def _reason_to_start_over(work_dir: Path, plan: StagePlan) -> str | None:
     """Why the work folder holds nothing to resume ('' when it holds nothing at all), or None when it may."""
     if not any(entry.name != OWNER_FILE for entry in _entries(work_dir)):
         return ""
@@ -571,7 +383,7 @@ def _reason_to_start_over(work_dir: Path, plan: dict) -> str | None:
         return "it has no plan.json (a run stopped before it started its worker, or a folder not written by a stage)"
     if not (work_dir / "weights" / "last.pt").exists():
         return "it has no weights/last.pt (the interrupted run saved no epoch)"
-    if _digest(interrupted) != _digest(plan):
+    if plan_digest(interrupted) != plan_digest(plan):
         changed = sorted(
             key for key in {*interrupted, *plan} - {*RUNTIME_KEYS, "batch"} if interrupted.get(key) != plan.get(key)
         )
@@ -592,7 +404,7 @@ def _unusable_checkpoint(last: Path, state: dict, outcome: dict | None) -> str |
     return None
 
 
-def _runtime_into_opt_yaml(work_dir: Path, plan: dict) -> None:
+def _runtime_into_opt_yaml(work_dir: Path, plan: StagePlan) -> None:
     """yolov5's --resume reloads the interrupted run's opt.yaml: give it this machine's loader workers and cache
     (runtime settings, left out of the digest), not the ones of the machine or core count it was killed on. Explicit
     GPU indices become '' as in a new run (worker.resolve_device): a run started before that wrote them there."""
@@ -647,16 +459,12 @@ def _finished_outcome(outcome: dict) -> dict:
     }
 
 
-def _load_attempts(work_dir: Path, plan: dict) -> list[dict]:
+def _load_attempts(work_dir: Path, plan: StagePlan) -> list[dict]:
     previous = read_json(work_dir / "attempts.json") or {}
-    return list(previous.get("attempts", [])) if previous.get("digest") == _digest(plan) else []
+    return list(previous.get("attempts", [])) if previous.get("digest") == plan_digest(plan) else []
 
 
-def _digest(plan: dict) -> str:
-    return spec_digest({k: v for k, v in plan.items() if k not in RUNTIME_KEYS and k != "batch"})
-
-
-def _failure_message(plan: dict, outcome: dict, log_path) -> str:
+def _failure_message(plan: StagePlan, outcome: dict, log_path) -> str:
     head = f"stage {plan['stage']} failed ({outcome['status']}): {outcome.get('message', '')}"
     if outcome["status"] == "oom":
         head += f"\nIt ran out of memory at batch {plan['batch']}; Snakemake's retry runs it at half that batch."

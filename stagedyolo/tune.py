@@ -22,11 +22,11 @@ from pathlib import Path
 
 from stagedyolo.diagnosis import T, candidate_of, diagnose, verdict_line
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import spec_digest
 from stagedyolo.engine.worker import EXIT_OOM
 from stagedyolo.jsonio import read_json, write_json
-from stagedyolo.stage import launch_worker, timing_meta
+from stagedyolo.stage_plan import StagePlan, digest_of
 from stagedyolo.telemetry import build_timing
+from stagedyolo.worker_launch import launch_worker, timing_meta
 
 # Trials stop after their window; so many epochs keep yolov5 from reaching its final validation and save first.
 TRIAL_EPOCHS = 10_000
@@ -39,7 +39,7 @@ SETTINGS = ("workers", "torch_threads", "batch", "cache", "amp", "img", "freeze"
 
 
 def tune_stage(
-    make_plan: Callable[[dict], dict],
+    make_plan: Callable[[dict], StagePlan],
     *,
     tune_dir: Path,
     log_path,
@@ -53,7 +53,7 @@ def tune_stage(
     A finished tune of the same plan (a retry after out-of-memory) is reused, not measured again."""
     tune_dir = Path(tune_dir)
     baseline_plan = make_plan({})
-    digest = spec_digest({"plan": _identity(baseline_plan), "window": window, "candidate": candidate})
+    digest = digest_of({"plan": _identity(baseline_plan), "window": window, "candidate": candidate})
     done = read_json(tune_dir / "tune.json")
     if done and done.get("digest") == digest:
         return make_plan(done["record"]["kept"]), done["record"]
@@ -114,7 +114,7 @@ def top_candidate(timing: dict, stage: str) -> tuple[dict | None, dict | None]:
     }
 
 
-def trial_plan(plan: dict, trial_dir: Path, window: dict) -> dict:
+def trial_plan(plan: StagePlan, trial_dir: Path, window: dict) -> StagePlan:
     """The stage's plan, stopped after its measuring window: no validation, no checkpoint, no resume."""
     warmup = max(int(window["warmup_batches"]), PREFETCH_FACTOR * int(plan["workers"]))
     return {

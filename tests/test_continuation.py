@@ -11,7 +11,8 @@ import torch
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.continuation import HANDOVER_NAME
 from stagedyolo.jsonio import read_json
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 EPOCHS_FIRST = 2
 SPEC = {

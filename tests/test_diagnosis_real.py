@@ -7,7 +7,8 @@ import pytest
 
 from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 pytestmark = pytest.mark.exclusive  # the data-wait share is measured (tests/conftest.py)
 SPEC = {**LOADER_BOUND_SPEC, "epochs": 2, "val_period": 2}

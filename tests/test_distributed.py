@@ -142,7 +142,7 @@ def test_an_explicit_device_picks_among_the_visible_gpus_and_yolov5_is_given_non
 
 
 def test_the_stage_launches_its_worker_on_the_named_visible_gpu(tmp_path, monkeypatch):
-    from stagedyolo.stage import worker_command
+    from stagedyolo.worker_launch import worker_command
 
     plan = {"stage": "finetune", "device": "1", "gpus": 1, "batch": 8}
     _, env = worker_command(plan, tmp_path / "plan.json", {"CUDA_VISIBLE_DEVICES": "4,5"})

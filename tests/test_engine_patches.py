@@ -19,7 +19,7 @@ from stagedyolo.engine import patches
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.patches import PATCHES, EngineContext, skip_reason
 from stagedyolo.jsonio import write_json
-from stagedyolo.stage import build_plan
+from stagedyolo.stage_plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {
@@ -90,7 +90,7 @@ def test_reproducible_applies_no_fast_row_and_fast_on_cpu_only_the_cpu_rows():
 
 
 def test_a_stage_engine_mode_overrides_the_run_and_reaches_the_plan(tmp_path):
-    from stagedyolo.engine.plan import stage_spec
+    from stagedyolo.recipe import stage_spec
 
     config = {
         "device": "cpu",
@@ -121,7 +121,7 @@ def _yolov5n():
 
 
 def _cfg():
-    from stagedyolo.engine.plan import yolov5_dir
+    from stagedyolo.engine.options import yolov5_dir
 
     return str(yolov5_dir() / "models" / "yolov5n.yaml")
 
@@ -438,7 +438,7 @@ def handover_checkpoint(path: Path) -> str:
     """A stage's continue.pt as train.py saves one (model, EMA, update count, optimizer state, opt)."""
     from yolov5.models.yolo import Model
 
-    from stagedyolo.engine.plan import yolov5_dir
+    from stagedyolo.engine.options import yolov5_dir
 
     model = Model(str(yolov5_dir() / "models" / "yolov5n.yaml"), ch=3, nc=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.005)

@@ -1,16 +1,10 @@
 import pytest
 import yaml
 
-from stagedyolo.engine.plan import (
-    base_hyp,
-    cpu_budget,
-    previous_stage,
-    probe_batches,
-    probe_needed,
-    stage_hyp,
-    stage_spec,
-    worker_candidates,
-)
+from stagedyolo.engine.options import base_hyp, stage_hyp
+from stagedyolo.probe.rule import worker_candidates
+from stagedyolo.recipe import previous_stage, probe_batches, probe_needed, stage_spec
+from stagedyolo.stage_plan import cpu_budget
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -62,7 +56,7 @@ def test_stage_hyp_rejects_unknown_keys():
     [(2, "auto", None, (1, 1)), (2, 0, None, (0, 2)), (2, "auto", {"workers": 0}, (0, 2)), (1, "auto", None, (0, 1))],
 )
 def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monkeypatch):
-    monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 2)
+    monkeypatch.setattr("stagedyolo.stage_plan.available_cores", lambda: 2)
     assert cpu_budget(threads, workers, probe) == expected
     assert cpu_budget(64, 1, None) == (1, 1)  # capped at the machine's 2 cores
 
@@ -70,7 +64,7 @@ def test_cpu_budget_never_oversubscribes(threads, workers, probe, expected, monk
 def test_under_ddp_each_rank_gets_its_share_of_the_cores(monkeypatch):
     """4 GPUs on 16 cores: 4 ranks, each with its own workers and torch threads, 4 cores each. Until 2026-12-02
     every rank took 16 - workers torch threads: 14 each with 2 workers, 56 threads and 8 workers on 16 cores."""
-    monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 16)
+    monkeypatch.setattr("stagedyolo.stage_plan.available_cores", lambda: 16)
     assert cpu_budget(16, "auto", None, gpus=4) == (2, 2)
     assert cpu_budget(16, "auto", {"workers": 12}, gpus=4) == (4, 1)  # at most the rank's cores, as yolov5 caps
     assert cpu_budget(16, 3, None, gpus=4) == (3, 1)  # an explicit count is the user's

@@ -16,7 +16,8 @@ import torch
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLoss, NonFiniteLossGuard
-from stagedyolo.stage import StageFailed, build_plan, run_stage
+from stagedyolo.stage import StageFailed, run_stage
+from stagedyolo.stage_plan import build_plan
 
 SPEC = {
     "epochs": 2,

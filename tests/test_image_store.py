@@ -18,7 +18,8 @@ from stagedyolo.dataset.staging import stage_dataset
 from stagedyolo.dataset.testing import make_dataset
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 
 @pytest.fixture

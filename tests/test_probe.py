@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.engine.plan import probe_stage_specs
 from stagedyolo.probe import child, choose, combine, predicted_images_per_s, probe_for_rule
 from stagedyolo.probe.child import (
     MODEL_WARMUP_STEPS,
@@ -20,6 +19,7 @@ from stagedyolo.probe.child import (
 from stagedyolo.probe.reuse import reuse_key
 from stagedyolo.probe.rule import plan_request
 from stagedyolo.probe.steady import MIN_TIMED_STEPS
+from stagedyolo.recipe import probe_stage_specs
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -311,7 +311,7 @@ def test_a_candidate_run_that_would_leave_the_stage_loops_too_little_time_is_not
 
 def test_auto_workers_are_measured_at_the_cores_the_probe_may_use(tmp_path, monkeypatch):
     """On the 16-core H200 box a fixed [0, 1, 2] could not find the 8-12 workers a 640-px mosaic load needed."""
-    monkeypatch.setattr("stagedyolo.engine.plan.available_cores", lambda: 16)
+    monkeypatch.setattr("stagedyolo.stage_plan.available_cores", lambda: 16)
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 4, 2, image_size=64))
     plan = dict(
         cache_mode="ram",

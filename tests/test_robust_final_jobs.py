@@ -26,7 +26,7 @@ def checkpoint(path, nc: int, names: list[str]):
     import torch
     from yolov5.models.yolo import Model
 
-    from stagedyolo.engine.plan import yolov5_dir
+    from stagedyolo.engine.options import yolov5_dir
 
     torch.manual_seed(0)
     model = Model(str(yolov5_dir() / "models" / "yolov5n.yaml"), ch=3, nc=nc)

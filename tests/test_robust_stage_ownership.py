@@ -16,7 +16,8 @@ import yaml
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection
 from stagedyolo.launch import OWNER_FILE, FolderOwned, owning
-from stagedyolo.stage import StageFailed, build_plan, run_stage
+from stagedyolo.stage import StageFailed, run_stage
+from stagedyolo.stage_plan import build_plan
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

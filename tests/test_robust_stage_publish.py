@@ -11,7 +11,8 @@ import pytest
 
 from stagedyolo import stage
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 SPEC = {
     "epochs": 1,

@@ -7,8 +7,9 @@ import yaml
 from snakemake_runner import REPO, make_workdir, snakemake
 
 from stagedyolo.config import ConfigError, check_config
-from stagedyolo.engine.plan import STAGE_KEYS, YOLOV5_OPTIONS, stage_spec
-from stagedyolo.stage import build_plan
+from stagedyolo.engine.options import YOLOV5_OPTIONS
+from stagedyolo.recipe import STAGE_KEYS, stage_spec
+from stagedyolo.stage_plan import build_plan
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
+from stagedyolo import stage_plan as plan_module
 from stagedyolo.engine import checkpoint
-from stagedyolo.engine import plan as plan_module
-from stagedyolo.stage import StageFailed, _finished_outcome, _prepare_work_dir, build_plan, retry_batch
+from stagedyolo.stage import StageFailed, _finished_outcome, _prepare_work_dir
+from stagedyolo.stage_plan import build_plan, retry_batch
 
 PLAN = {"stage": "finetune", "epochs": 6, "batch": 16, "hyp": {"lr0": 0.0005}, "attempt": 1, "torch_threads": 1}
 SPEC = {
@@ -66,11 +67,11 @@ def test_a_stale_run_folder_from_another_plan_is_wiped(tmp_path):
 
 
 def test_a_changed_batch_starts_over_but_keeps_the_attempt_history(tmp_path):
-    from stagedyolo.stage import _digest
+    from stagedyolo.stage_plan import plan_digest
 
     work = tmp_path / "work"
     leave_interrupted_run(work, PLAN)
-    history = {"digest": _digest(PLAN), "attempts": [{"attempt": 1, "batch": 16, "status": "oom"}]}
+    history = {"digest": plan_digest(PLAN), "attempts": [{"attempt": 1, "batch": 16, "status": "oom"}]}
     (work / "attempts.json").write_text(json.dumps(history))
     assert prepare(work, {**PLAN, "batch": 8}) == (None, False)
     assert json.loads((work / "attempts.json").read_text()) == history
@@ -213,7 +214,7 @@ def test_a_retrained_input_checkpoint_changes_the_plans_identity(tmp_path):
     """The previous stage retrained into the same path: an interrupted later stage must not resume on top of it."""
     import os
 
-    from stagedyolo.stage import _digest, build_plan
+    from stagedyolo.stage_plan import build_plan, plan_digest
 
     weights = tmp_path / "continue.pt"
     weights.write_bytes(b"first training")
@@ -250,7 +251,7 @@ def test_a_retrained_input_checkpoint_changes_the_plans_identity(tmp_path):
         )
 
     before = plan()
-    assert _digest(plan()) == _digest(before)
+    assert plan_digest(plan()) == plan_digest(before)
     weights.write_bytes(b"the retrained one")
     os.utime(weights, ns=(1, 1))
-    assert _digest(plan()) != _digest(before)
+    assert plan_digest(plan()) != plan_digest(before)

@@ -11,7 +11,8 @@ import yaml
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 from stagedyolo.status import run_status
 
 SPEC = {

@@ -8,7 +8,8 @@ import pytest
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.patches import NOMINAL_BATCH_EDIT, WARMUP_FLOOR_EDIT, EngineContext
 from stagedyolo.engine.train_module import patched_source
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 SPEC = {
     "epochs": 2,

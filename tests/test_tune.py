@@ -17,7 +17,8 @@ from stagedyolo.dataset.staging import stage_dataset
 from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 pytestmark = pytest.mark.exclusive  # it compares measured speeds (tests/conftest.py)
 SPEC = LOADER_BOUND_SPEC

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-from stagedyolo.stage import build_plan, run_stage
+from stagedyolo.stage import run_stage
+from stagedyolo.stage_plan import build_plan
 
 SPEC = {
     "epochs": 7,

@@ -19,7 +19,8 @@ STAGE = textwrap.dedent("""
     from pathlib import Path
     import stagedyolo
     from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
-    from stagedyolo.stage import build_plan, run_stage
+    from stagedyolo.stage_plan import build_plan
+    from stagedyolo.stage import run_stage
 
     assert Path(stagedyolo.__file__).is_relative_to(Path(sys.argv[1])), stagedyolo.__file__
     data = write_demo_dataset(Path("data"), DemoSpec(TARGET_CLASSES, 8, 4))

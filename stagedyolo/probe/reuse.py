@@ -19,9 +19,9 @@ import platform
 from pathlib import Path
 
 from stagedyolo.dataset.validate import img2label_path
-from stagedyolo.engine.plan import available_cores
 from stagedyolo.envcheck import nvml_facts, package_version
 from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.stage_plan import available_cores
 
 # Bump when the probe measures differently: results of an older probe are not reused.
 PROBE_VERSION = 5

@@ -13,20 +13,36 @@ import yaml
 
 from stagedyolo.dataset.validate import list_split_images
 from stagedyolo.engine.offline import engine_environment
-from stagedyolo.engine.plan import PROBED_KEYS, available_cores, cpu_budget, stage_hyp, worker_candidates
-from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
+from stagedyolo.engine.options import stage_hyp
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.launch import supervise
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import keep_for_reuse, read_reusable, reuse_key
 from stagedyolo.probe.stages import predictions
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE
+from stagedyolo.recipe import PROBED_KEYS
+from stagedyolo.stage_plan import available_cores, cpu_budget
+from stagedyolo.yolov5_facts import NOMINAL_BATCH
 
 # Images the loader probe reads from: enough for mosaic's random partners, few enough that building the dataset
 # (label scan, a RAM cache) costs a second, not minutes, on a large dataset.
 SUBSET_IMAGES = 256
 # A hung child (a dead GPU, a stuck worker) must not hold the pipeline forever: planned time x this, plus start-up.
 CHILD_TIMEOUT_FACTOR, CHILD_STARTUP_S = 4, 300
+
+
+# probe.workers: auto spreads the loader candidates over the cores a job may use, beside 0 (the main process loads):
+# 0, 1, 2 on the 2-core demo machine and 0, 4, 8, 12 on the 16-core H200 box. A fixed [0, 1, 2] there held a 640-px
+# mosaic load to 4 workers at most, and the frozen stage waited on them 45 % of its time.
+WORKER_CANDIDATE_SHARES = (0.25, 0.5, 0.75)
+
+
+def worker_candidates(setting: list[int] | str, cores: int) -> list[int]:
+    """probe.workers as the loader candidates to measure: the listed counts, or for `auto` 0 and a quarter, half
+    and three quarters of ``cores`` (rounded half up, at least 1)."""
+    if setting != "auto":
+        return sorted({int(workers) for workers in setting})
+    return sorted({0} | {max(1, int(cores * share + 0.5)) for share in WORKER_CANDIDATE_SHARES})
 
 
 def probe_for_rule(
@@ -191,7 +207,7 @@ def _stage_request(spec: dict) -> dict:
     """The part of a stage spec its speed depends on, with its complete hyp (yolov5 needs every key)."""
     return {
         **{key: spec[key] for key in ("img", "freeze", "batch", "workers", "amp", "gpus")},
-        "nominal_batch": spec.get("nominal_batch") or YOLOV5_NOMINAL_BATCH,
+        "nominal_batch": spec.get("nominal_batch") or NOMINAL_BATCH,
         "hyp": stage_hyp(spec["lr0"], spec.get("hyp") or {}),
         "engine": spec.get("engine") or {},  # mode, compile, skipped rows: the step the stage runs
     }

@@ -1,10 +1,11 @@
 """Each training stage's settings as the probe predicts them: the stage spec resolved with the probe's choice,
-exactly as the stage will resolve it (engine.plan), grouped so that stages that train alike are measured once."""
+exactly as the stage will resolve it (stage_plan.resolve_resources), grouped so that stages that train alike are
+measured once."""
 
 from __future__ import annotations
 
 from stagedyolo.engine.amp import decide_amp
-from stagedyolo.engine.plan import cpu_budget, resolve_batch
+from stagedyolo.stage_plan import resolve_resources
 from stagedyolo.telemetry.summary import STEADY_BASIS
 
 # The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
@@ -28,16 +29,15 @@ AUGMENTATION_KEYS = (
 
 def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_supported: bool | None) -> dict:
     """What one stage will run with: per-GPU batch, workers and torch threads, AMP and its dtype."""
-    workers, torch_threads = cpu_budget(threads, spec["workers"], choice, gpus=int(spec["gpus"]))
-    amp_setting = choice["amp"] if spec["amp"] == "auto" and "amp" in choice else spec["amp"]
-    amp = decide_amp(amp_setting, cuda, bf16_supported=bf16_supported)
+    resources = resolve_resources(spec, threads, choice)
+    amp = decide_amp(resources.amp, cuda, bf16_supported=bf16_supported)
     return {
         "img": int(spec["img"]),
         "freeze": int(spec.get("freeze") or 0),
-        "batch": max(1, resolve_batch(spec["batch"], spec["gpus"], choice) // int(spec["gpus"])),
+        "batch": max(1, resources.batch // int(spec["gpus"])),
         "gpus": int(spec["gpus"]),
-        "workers": workers,
-        "torch_threads": torch_threads,
+        "workers": resources.workers,
+        "torch_threads": resources.torch_threads,
         "amp": amp["amp"],
         "amp_dtype": amp["dtype"],
         "nominal_batch": int(spec["nominal_batch"]),

@@ -6,8 +6,7 @@ import yaml
 from stagedyolo.checkout import share_checkout_with_jobs
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.export import FORMATS as EXPORT_SUFFIXES
-from stagedyolo.engine.plan import (
-    available_cores,
+from stagedyolo.recipe import (
     image_store_sizes,
     previous_stage,
     probe_batches,
@@ -16,6 +15,7 @@ from stagedyolo.engine.plan import (
     stage_names,
     stage_spec,
 )
+from stagedyolo.stage_plan import available_cores
 
 CONFIG_SCHEMA = workflow.source_path("../schemas/config.schema.yaml")
 config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))

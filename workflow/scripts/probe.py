@@ -1,7 +1,7 @@
 import psutil
 
-from stagedyolo.engine.plan import planned_epochs
 from stagedyolo.probe import probe_for_rule
+from stagedyolo.recipe import planned_epochs
 
 probe_for_rule(
     snakemake.input.data,

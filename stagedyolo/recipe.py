@@ -1,0 +1,123 @@
+"""The recipe's view of the config: the stages in their order and each stage's settings (its spec), before any
+machine or run has resolved them (stagedyolo.stage_plan does that). The Snakefile reads the stage order and what the
+rules depend on from here."""
+
+from __future__ import annotations
+
+from stagedyolo.engine.options import YOLOV5_OPTIONS, engine_spec
+
+# Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
+STAGE_KEYS = (
+    "epochs",
+    "img",
+    "batch",
+    "workers",
+    "freeze",
+    "lr0",
+    "hyp",
+    "cache",
+    "amp",
+    "device",
+    "val_period",
+    "gpus",
+    "sync_bn",
+    "lr_scaling",
+    "start_from",
+    "plots",
+    "optimizer",
+    "nosave",
+    "nominal_batch",
+    "min_warmup_iters",
+    "engine_mode",
+    "tune",
+    "time_budget_min",
+    "handover_on_stall",
+) + YOLOV5_OPTIONS
+
+
+def stage_names(config: dict) -> list[str]:
+    return list(config["stages"])
+
+
+def run_outline(config: dict) -> list[dict]:
+    """Every stage in order with its epochs and image size: what a run's ETA is estimated from."""
+    return [
+        {"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
+        for name in stage_names(config)
+    ]
+
+
+def previous_stage(config: dict, stage: str) -> str | None:
+    names = stage_names(config)
+    index = names.index(stage)
+    return names[index - 1] if index else None
+
+
+def stage_spec(config: dict, stage: str) -> dict:
+    """The stage's settings: stage_defaults, overridden by what the stage names."""
+    if stage not in config["stages"]:
+        raise KeyError(f"unknown stage {stage!r}: config 'stages' has {stage_names(config)}")
+    spec = {key: config["stage_defaults"].get(key) for key in STAGE_KEYS}
+    spec.update(config["stages"][stage] or {})
+    spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
+    if spec["device"] is None:
+        spec["device"] = config["device"]
+    spec["engine"] = engine_spec(config.get("engine") or {}, spec["engine_mode"])
+    # start_from: previous continues the previous stage's training (stagedyolo.engine.continuation), at the LR it
+    # handed over unless the stage names its own lr0 (a jump it asks for; stage_defaults' lr0 is the first stage's).
+    spec["continues"] = spec["start_from"] == "previous" and previous_stage(config, stage) is not None
+    spec["lr_from_previous"] = spec["continues"] and "lr0" not in (config["stages"][stage] or {})
+    return spec
+
+
+def image_store_sizes(config: dict) -> list[int]:
+    """Image sizes of the stages whose cache may be ram (auto or ram); [] when cache.prebuild_ram is off."""
+    if not config["cache"].get("prebuild_ram", True):
+        return []
+    specs = [stage_spec(config, stage) for stage in stage_names(config)]
+    return sorted({spec["img"] for spec in specs if spec["cache"] in ("auto", "ram")})
+
+
+# The stage keys the probe decides when a stage leaves them at `auto`.
+PROBED_KEYS = ("workers", "batch", "amp")
+
+
+def probe_needed(config: dict) -> bool:
+    """Whether the probe rule runs: it is enabled, and some stage leaves workers, batch or amp at `auto`
+    (a config that pins all three in every stage would pay the probe's half minute for nothing)."""
+    if not config["probe"]["enabled"]:
+        return False
+    return any(stage_spec(config, stage)[key] == "auto" for stage in config["stages"] for key in PROBED_KEYS)
+
+
+def probe_batches(config: dict) -> list[int]:
+    """The batch sizes (per GPU) the probe times the model at: its candidates when some stage leaves batch at
+    `auto`; otherwise only the batches of the stages that take its workers or amp, since no other batch can be
+    chosen (on the demo that is one model batch instead of three: seconds saved, nothing a choice depends on lost).
+    """
+    specs = [stage_spec(config, stage) for stage in config["stages"]]
+    if any(spec["batch"] == "auto" for spec in specs):
+        return list(config["probe"]["batch"])
+    fixed = {
+        max(1, int(spec["batch"]) // int(spec["gpus"]))
+        for spec in specs
+        if spec["workers"] == "auto" or spec["amp"] == "auto"
+    }
+    return sorted(fixed) or list(config["probe"]["batch"])
+
+
+# The stage keys a stage's speed depends on: what the probe predicts each stage's images/s from.
+SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "lr0", "hyp", "engine")
+
+
+def probe_stage_specs(config: dict) -> dict:
+    """Each stage's speed-relevant settings, for the probe's per-stage predictions (epochs and the like left out,
+    so changing them does not rerun the probe)."""
+    return {stage: {key: stage_spec(config, stage)[key] for key in SPEED_KEYS} for stage in stage_names(config)}
+
+
+def planned_epochs(config: dict) -> int:
+    """All stages' epochs together: with the training image count, the probe's estimate of the planned training,
+    whose share may lengthen its budget. Read by the probe's script from the config, not passed as a rule param, so
+    that changing epochs does not rerun the probe (and with it every stage)."""
+    return sum(int(stage_spec(config, stage)["epochs"]) for stage in stage_names(config))

@@ -1,0 +1,79 @@
+"""One worker process of a stage or of a tune trial: started under the sampler and the progress relay, and what
+build_timing needs to know about the run besides its timer and telemetry. Shared by stagedyolo.stage and
+stagedyolo.tune, below both."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from stagedyolo.jsonio import write_json
+from stagedyolo.launch import build_stage_command, run_supervised
+from stagedyolo.progress import ProgressRelay
+from stagedyolo.stage_plan import StagePlan
+from stagedyolo.telemetry import Sampler
+
+
+def timing_meta(plan: StagePlan, outcome: dict, attempts: list[dict]) -> dict:
+    """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
+    return {
+        "stage": plan["stage"],
+        "batch": plan["batch"],
+        "workers": plan["workers"],
+        "amp": outcome.get("amp"),
+        "amp_dtype": outcome.get("amp_dtype"),
+        "amp_reason": outcome.get("amp_reason"),
+        "img": plan["img"],
+        "cache": plan["cache"] or "none",
+        "device": outcome.get("device"),
+        "epochs": plan["epochs"],
+        "attempts": attempts,
+        "threads": plan["torch_threads"],
+        "gpus": plan["gpus"],
+        "val_period": plan["val_period"],
+        "plots": plan["plots"],
+        "nosave": plan["nosave"],
+        "nominal_batch": plan["nominal_batch"],
+        "image_cache": outcome.get("image_cache"),
+        "patience": plan.get("options", {}).get("patience"),
+        "time_budget_s": plan.get("time_budget_s"),
+        "stopped_by": outcome.get("stopped_by"),
+        "handover_on_stall": outcome.get("handover_on_stall"),
+        **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
+        **outcome.get("sampler", {}),
+    }
+
+
+def launch_worker(plan: StagePlan, env: dict, log, work_dir: Path, telemetry_interval: float) -> tuple[int, dict]:
+    """Run the worker while the sampler records the host and GPUs; returns its exit code and the sampler's info."""
+    plan_path = work_dir / "plan.json"
+    write_json(plan_path, plan)
+    argv, env = worker_command(plan, plan_path, env)
+    samplers = []
+
+    def start_sampler(pid: int) -> None:  # samples the worker's whole process tree, ranks and loaders included
+        samplers.append(Sampler(work_dir / "telemetry.csv", interval_s=telemetry_interval, root_pid=pid).start())
+
+    try:
+        # run_supervised: the stage's own process group, signals forwarded, no rank or loader worker left behind.
+        # The relay shows each epoch's progress line on our stderr (Snakemake's console); the worker's goes to the log.
+        with ProgressRelay(work_dir):
+            returncode = run_supervised(argv, env, stdout=log, stderr=subprocess.STDOUT, on_start=start_sampler)
+    finally:
+        for sampler in samplers:
+            sampler.stop()
+    return returncode, samplers[0].info() if samplers else {}
+
+
+def worker_command(plan: StagePlan, plan_path: Path, env: dict) -> tuple[list[str], dict]:
+    """The worker's argv and environment: on the GPUs the stage's device names among the visible ones (explicit
+    indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable)."""
+    gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
+    return build_stage_command(
+        ["-m", "stagedyolo.engine.worker", str(plan_path)],
+        gpus,
+        plan["batch"],
+        env=env,
+        stage=plan["stage"],
+        device=plan["device"],
+    )
