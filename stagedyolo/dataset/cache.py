@@ -56,19 +56,17 @@ def decide_cache_mode(
     safety_margin: float = 0.3,
     sample: int = 30,
     free_disk: int | None = None,
-    train_copies: int = 1,
 ) -> dict:
     """Pick ram | disk | none. ``auto``: ram if the resized images fit in available RAM x (1 - margin), else disk if
     the cache dir's filesystem holds the full-resolution .npy files (+ margin), else none. Explicit modes pass through,
-    with a warning when they will not fit. ``train_copies``: DDP ranks each cache the train set in their own RAM."""
+    with a warning when they will not fit."""
     if mode not in ("auto", "ram", "disk", "none"):
         raise ValueError(f"cache mode '{mode}': use auto, ram, disk or none")
     images = staged_images(staged_data_yaml)
-    ram_need, disk_need, sampled = 0.0, 0.0, 0
-    for split, files in images.items():
-        per_ram, per_disk, n = _sampled_bytes_per_image(files, max_imgsz, sample)
-        copies = train_copies if split == "train" else 1
-        ram_need += per_ram * len(files) * copies  # every loader holds its own copy, even of shared files
+    ram_need, sampled = 0.0, 0
+    for files in images.values():
+        per_ram, _, n = _sampled_bytes_per_image(files, max_imgsz, sample)
+        ram_need += per_ram * len(files)  # every loader holds its own copy, even of shared files
         sampled += n
     unique = sorted({f for files in images.values() for f in files})
     per_ram, per_disk, _ = _sampled_bytes_per_image(unique, max_imgsz, sample)
