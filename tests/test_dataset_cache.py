@@ -10,10 +10,10 @@ import textwrap
 import cv2
 import numpy as np
 import pytest
+from dataset_testing import make_dataset, tree_sha256, write_image
 
 from stagedyolo.dataset.cache import decide_cache_mode, prebuild_disk_cache
 from stagedyolo.dataset.staging import stage_dataset
-from stagedyolo.dataset.testing import make_dataset, tree_sha256, write_image
 from stagedyolo.dataset.validate import DatasetError, validate_dataset
 
 GIB = 1 << 30

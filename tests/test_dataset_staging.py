@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 import yaml
+from dataset_testing import jpeg_without_eoi, make_dataset, tree_sha256, write_image
 from PIL import Image, ImageOps
 
 from stagedyolo.dataset.cache import prebuild_disk_cache
 from stagedyolo.dataset.fingerprint import source_fingerprint
 from stagedyolo.dataset.staging import stage_dataset
-from stagedyolo.dataset.testing import jpeg_without_eoi, make_dataset, tree_sha256, write_image
 from stagedyolo.dataset.validate import DatasetError, apply_policy, img2label_path, validate_dataset
 
 

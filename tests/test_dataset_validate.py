@@ -4,8 +4,8 @@ import json
 import shutil
 
 import pytest
+from dataset_testing import jpeg_without_eoi, make_dataset, truncate_file, write_image
 
-from stagedyolo.dataset.testing import jpeg_without_eoi, make_dataset, truncate_file, write_image
 from stagedyolo.dataset.validate import (
     DatasetError,
     apply_policy,

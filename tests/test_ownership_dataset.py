@@ -8,11 +8,11 @@ import threading
 
 import pytest
 import yaml
+from dataset_testing import make_dataset, tree_sha256
 
 from stagedyolo.dataset import cache_dataset, prepare_dataset
 from stagedyolo.dataset.cache import prebuild_disk_cache, staged_images
 from stagedyolo.dataset.staging import stage_dataset
-from stagedyolo.dataset.testing import make_dataset, tree_sha256
 from stagedyolo.dataset.validate import DatasetError, validate_dataset
 from stagedyolo.ownership import MARKER, TMP_PREFIX, locked, temp_path
 
