@@ -1,24 +1,32 @@
 """Name a stage's bottleneck from its timing.json and say which config change to make.
 
-Six classes plus healthy. Each finding carries its expected gain and whether a measurement verified it (a
-``tune`` trial, see stagedyolo/tune.py); advice nobody measured is labelled "unverified". A bigger batch is advised
-only when a measurement at that batch showed it faster: on an H200 at data-wait < 1 % the old "GPU idle -> bigger
-batch" rule made every stage slower (the step on the host set the pace), which is the ``host_bound_step`` class.
-Every threshold is in the THRESHOLDS table below, with its source; docs/timing.md
-prints the same table. On CPU-only runs, classes that need GPU numbers are judged on CPU-side evidence only
-(data-wait share, phase shares, host RAM) or reported as not evaluated: GPU values are never invented.
+A rule table: ``read_facts`` turns the timing into one ``Facts`` object, once; each class is one short function of
+those facts (RULES); ``diagnose`` runs the table. Every threshold is in THRESHOLDS, with its source (docs/timing.md
+prints the same table).
+
+What the advice never does:
+- guess a bigger batch: it is advised only when a measurement at that batch showed it faster (a ``tune`` trial, see
+  stagedyolo/tune.py). On an H200 at data-wait < 1 % "GPU idle -> bigger batch" made every stage slower: the step on
+  the host set the pace, which is the ``host_bound_step`` class. Advice nobody measured is labelled "unverified".
+- change a setting that defines the stage (``defining_settings``): the target image size, a frozen backbone.
+- trade resume away (``nosave``) or change what is trained (``img``) without saying so in the verdict line.
+- call a stage data-loading bound on anything but its data wait, or blame the loader on a CPU-only run whose cores
+  the training itself keeps busy.
+- invent GPU values: on CPU-only runs the classes that need them are judged on CPU-side evidence or not evaluated.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.telemetry.summary import finite as _num
+from stagedyolo.yolov5_facts import NOMINAL_BATCH
 
-# name: (value, unit, source). ONE table: diagnose() reads nothing else.
+# name: (value, unit, source). ONE table: the rules read nothing else.
 THRESHOLDS: dict[str, tuple[float, str, str]] = {
     "data_wait_share": (
         0.05,
@@ -28,7 +36,7 @@ THRESHOLDS: dict[str, tuple[float, str, str]] = {
     "gpu_util_low_pct": (
         50.0,
         "% (NVML p50, training window)",
-        "PyTorch profiler rule of thumb: GPU utilisation < 50 % = use a bigger batch (issue 12: only when measured)",
+        "PyTorch profiler rule of thumb: GPU utilisation < 50 % = use a bigger batch (here: only when measured)",
     ),
     "gpu_util_busy_pct": (
         85.0,
@@ -94,10 +102,10 @@ THRESHOLDS: dict[str, tuple[float, str, str]] = {
     "min_measured_gain": (
         0.05,
         "fraction faster (steady images/s)",
-        "issue 12: a change is kept (tune) or a bigger batch advised only when measured this much faster",
+        "project (H200 replay): a change is kept (tune) or a bigger batch advised only when measured this much faster",
     ),
     "nominal_batch": (
-        YOLOV5_NOMINAL_BATCH,
+        NOMINAL_BATCH,
         "images",
         "yolov5 nbs: gradients are accumulated to 64, so batch <= 64 keeps the optimisation",
     ),
@@ -113,10 +121,39 @@ CLASSES = {
     "slow_first_epoch": (5, "Slow first epoch"),
     "healthy": (0, "Healthy"),
 }
+FIRST = ("memory_bound", "batch_reduced_after_oom")  # out-of-memory risk comes before any speed finding
+TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
+
+# Changes that cost something besides speed: advised only with their cost beside them, in a few words in the verdict
+# line (whichever finding advises them) and in full in diagnosis.md and the report. tune tries neither.
+TRADE_OFFS = {
+    "img": (
+        "changes what is trained",
+        "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it",
+    ),
+    "nosave": (
+        "no resume mid-stage",
+        "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming",
+    ),
+}
+_NO_OOM_GAIN = {
+    "speedup": None,
+    "saves_share": None,
+    "basis": "avoids running out of memory (and its retries)",
+    "measured_by": None,
+}
+_SMALLER_MODEL = "a smaller model (model.cfg), e.g. yolov5n.yaml"
 
 
 def T(name):
     return THRESHOLDS[name][0]
+
+
+class NotEvaluated(NamedTuple):
+    """A class the rules could not judge, or judged and chose not to advise on, with the reason."""
+
+    code: str
+    reason: str
 
 
 class Findings(list):
@@ -143,49 +180,73 @@ class Findings(list):
         }
 
 
+# ---- the facts ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the rules read, computed once from a timing.json (and the stage's plan, when given)."""
+
+    stage: str
+    gpu: bool  # GPU readings present; False on CPU-only runs
+    gpu_reason: str | None
+    gpu_util: float | None  # NVML p50 over the training window, %
+    memory_share: float | None  # GPU peak memory / total
+    cpu_util: float | None  # host mean over cores, training window, %
+    cores: int | None
+    threads: int | None  # torch threads per rank
+    ram_available_mb: float | None
+    ram_total_mb: float | None
+    peak_rss_mb: float | None
+    batch: int | None
+    nominal_batch: int
+    gpus: int
+    workers: int | None
+    img: int | None
+    amp: bool | None
+    amp_setting: object  # as the timing records it, for the evidence
+    cache: str  # "ram", "disk" or "" (none)
+    nosave: bool
+    plots: object
+    epochs: int
+    val_period: int
+    data_wait_share: float | None  # steady epochs: what a loader fix could recover
+    data_wait_share_all: float | None  # all epochs: the figure the report's table prints
+    epoch_rows: tuple  # timing["epochs"]
+    loop: dict  # seconds of the epoch loop by phase: train, val, checkpoint, logging
+    loop_s: float
+    train_share: float  # train / epoch loop (1.0 when unknown)
+    first_epoch_overhead: float | None
+    first_epoch_reason: str | None
+    steady_epoch_s: float
+    cache_estimate_mb: float | None
+    oom_attempts: tuple
+    batch_rates: dict  # batch -> (steady images/s, what measured it)
+    defining: dict  # setting -> why it defines the stage: advice never changes it
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.gpu
+
+    @property
+    def cpu_busy(self) -> bool:
+        return self.cpu_util is not None and self.cpu_util > T("cpu_busy_pct")
+
+    @property
+    def waits_on_data(self) -> bool:
+        """Over the threshold both over the steady epochs and over all of them: the class never contradicts the
+        data-wait figure the report prints beside it."""
+        shares = [s for s in (self.data_wait_share, self.data_wait_share_all) if s is not None]
+        return bool(shares) and min(shares) > T("data_wait_share")
+
+    @property
+    def gpu_low_util(self) -> bool:
+        return self.gpu_util is not None and self.gpu_util < T("gpu_util_low_pct")
+
+
 def _int(x):
     v = _num(x)
     return int(v) if v is not None else None
-
-
-def _ev(value, threshold, op):
-    return {"value": None if value is None else round(value, 4), "threshold": threshold, "op": op}
-
-
-def _gain(speedup=None, saves_share=None, basis="", measured_by=None) -> dict:
-    """A finding's expected gain: ``speedup`` of steady training images/s (x1.25 = 25 % faster) and/or the share of
-    the epoch loop it saves; ``measured_by`` names the measurement behind it, None when it is an estimate."""
-    return {
-        "speedup": None if speedup is None else round(speedup, 3),
-        "saves_share": None if saves_share is None else round(max(saves_share, 0.0), 4),
-        "basis": basis,
-        "measured_by": measured_by,
-    }
-
-
-def _finding(
-    code, evidence, change, why, also=(), addressable_share=None, key_metric=None, gain=None, candidate="from change"
-):
-    """``candidate``: the change as stage settings ({"workers": 8}) a tune trial can run; None when a short
-    training window cannot measure it (validation, checkpoints, memory)."""
-    cls, title = CLASSES[code]
-    if key_metric is None:  # the first piece of evidence that crossed its threshold
-        key_metric = next((k for k, v in evidence.items() if isinstance(v, dict) and v.get("op") in ("<", ">")), None)
-    return {
-        "code": code,
-        "class": cls,
-        "title": title,
-        "key_metric": key_metric,
-        "evidence": evidence,
-        "change": change,
-        "trade_off": trade_off_of(change),
-        "also": [_with_trade_off(a) for a in also],
-        "why": why,
-        "addressable_share": None if addressable_share is None else round(max(addressable_share, 0.0), 4),
-        "expected_gain": gain or _gain(basis="no speed estimate"),
-        "candidate": candidate_of(change) if candidate == "from change" else candidate,
-        "verified": bool(gain and gain.get("measured_by")),
-    }
 
 
 def _amp_on(amp) -> bool | None:
@@ -196,48 +257,91 @@ def _amp_on(amp) -> bool | None:
     return None
 
 
-def _round32(x) -> int:
-    return max(32, int(x) // 32 * 32)
+def _memory_share(gpu: dict) -> float | None:
+    if not gpu.get("available"):
+        share = None
+    else:
+        share = _num(gpu.get("peak_memory_share"))
+    if share is None and _num(gpu.get("torch_peak_reserved_mb")) and _num(gpu.get("torch_total_mb")):
+        share = gpu["torch_peak_reserved_mb"] / gpu["torch_total_mb"]  # CUDA without NVML: torch's own figure
+    return share
 
 
-def _cache_estimate_mb(t) -> float | None:
+def _cache_estimate_mb(timing) -> float | None:
     """Decoded-image RAM for --cache ram: images * img^2 * 3 bytes (yolov5 caches images resized to img)."""
-    img = _num(t["config"].get("img"))
-    ims = [e["images"] for e in t["epochs"] if e.get("images")]
-    if not img or not ims:
-        return None
-    return max(ims) * img * img * 3 / 2**20
+    img = _num(timing["config"].get("img"))
+    images = [e["images"] for e in timing["epochs"] if e.get("images")]
+    return max(images) * img * img * 3 / 2**20 if img and images else None
 
 
-def _cache_change(stage, t) -> tuple[str | None, dict]:
-    """ram when the estimate fits in the available RAM (minus the margin), else disk; None when already cached."""
-    cache = (t["config"].get("cache") or "").lower()
-    est = _cache_estimate_mb(t)
-    avail = _num(t["cpu"].get("ram_available_min_mb"))
-    ev = {
-        "cache_estimate_mb": _ev(est, None, "info"),
-        "ram_available_min_mb": _ev(avail, None, "info"),
-        "cache": cache or None,
-    }
-    fits = est is not None and avail is not None and est < (1 - T("ram_cache_margin")) * avail
-    if cache == "ram":
-        return None, ev
-    if fits:
-        return f"stages.{stage}.cache: ram", ev
-    if cache == "disk":
-        return None, ev
-    return f"stages.{stage}.cache: disk", ev
+def defining_settings(plan: dict | None) -> dict[str, str]:
+    """The settings that define a stage (setting -> why), which no advice may change. From the stage's plan
+    (stage.json): its own ``defining_settings`` when it names them; else ``img`` when the stage trains at the run's
+    target size (the last stage, or the largest img of ``run_stages``) and ``freeze`` when it freezes layers. Without
+    a plan the timing cannot tell a cheap early phase from the target size: both are kept."""
+    if plan is None:
+        return {
+            "img": "its image size (no stage plan given: it may be the run's target size)",
+            "freeze": "its frozen layers (no stage plan given)",
+        }
+    if plan.get("defining_settings") is not None:
+        return {key: "named by the stage's plan" for key in plan["defining_settings"]}
+    out = {}
+    if (_int(plan.get("freeze")) or 0) > 0:
+        out["freeze"] = f"freeze: {plan['freeze']}, the stage trains on a frozen backbone"
+    outline = plan.get("run_stages") or []
+    sizes = [_int(s.get("img")) for s in outline if _int(s.get("img"))]
+    last = not outline or outline[-1].get("stage") == plan.get("stage")
+    img = _int(plan.get("img"))
+    if last or (img and sizes and img >= max(sizes)):
+        out["img"] = f"img: {img}, the run's target size"
+    return out
 
 
-def _bigger_batch(batch, mem_share, nominal, gpus, cap_at_nominal) -> int:
-    """The batch a trial would try: x2, or up to x4 while the peak stays <= memory_target_share."""
-    factor = 2
-    if mem_share:
-        factor = min(2 ** int(math.floor(math.log2(max(T("memory_target_share") / mem_share, 1.0)))), 4)
-    nb = batch * max(factor, 1)
-    if cap_at_nominal:
-        nb = min(nb, nominal)
-    return nb // gpus * gpus
+def read_facts(timing: dict, stage: str | None = None, measured: dict | None = None, plan: dict | None = None):
+    cfg, gpu, cpu, dw, eps = timing["config"], timing["gpu"], timing["cpu"], timing["data_wait"], timing["epochs"]
+    has_gpu = bool(gpu.get("available"))
+    loop = {k: sum(e[f"{k}_s"] for e in eps) for k in ("train", "val", "checkpoint", "logging")}
+    loop_s = sum(loop.values())
+    steady = _num(dw.get("steady_share"))
+    return Facts(
+        stage=stage or timing.get("stage") or "<stage>",
+        gpu=has_gpu,
+        gpu_reason=gpu.get("reason"),
+        gpu_util=_num((gpu.get("util_pct") or {}).get("p50")) if has_gpu else None,
+        memory_share=_memory_share(gpu),
+        cpu_util=_num(cpu.get("util_mean_pct")),
+        cores=_int(cpu.get("cores")),
+        threads=_int(cfg.get("threads")),
+        ram_available_mb=_num(cpu.get("ram_available_min_mb")),
+        ram_total_mb=_num(cpu.get("ram_total_mb")),
+        peak_rss_mb=_num(cpu.get("peak_rss_mb")),
+        batch=_int(cfg.get("batch")),
+        nominal_batch=_int(cfg.get("nominal_batch")) or int(T("nominal_batch")),  # the stage's, else yolov5's 64
+        gpus=max(_int(cfg.get("gpus")) or 1, 1),
+        workers=_int(cfg.get("workers")),
+        img=_int(cfg.get("img")),
+        amp=_amp_on(cfg.get("amp")),
+        amp_setting=cfg.get("amp"),
+        cache=(cfg.get("cache") or "").lower().replace("none", ""),
+        nosave=cfg.get("nosave") is True,
+        plots=cfg.get("plots"),
+        epochs=_int(cfg.get("epochs")) or len(eps),
+        val_period=_int(cfg.get("val_period")) or 1,
+        data_wait_share=steady if steady is not None else _num(dw.get("share")),
+        data_wait_share_all=_num(dw.get("share")),
+        epoch_rows=tuple(eps),
+        loop=loop,
+        loop_s=loop_s,
+        train_share=loop["train"] / loop_s if loop_s > 0 else 1.0,
+        first_epoch_overhead=_num(timing.get("first_epoch_overhead")),
+        first_epoch_reason=timing.get("first_epoch_overhead_reason"),
+        steady_epoch_s=_num(timing["throughput"].get("steady_epoch_train_s")) or 0.0,
+        cache_estimate_mb=_cache_estimate_mb(timing),
+        oom_attempts=tuple(a for a in timing.get("attempts") or [] if a.get("status") == "oom"),
+        batch_rates=measured_batch_rates(timing, measured),
+        defining=defining_settings(plan),
+    )
 
 
 def measured_batch_rates(timing: dict, measured: dict | None = None) -> dict[int, tuple[float, str]]:
@@ -257,39 +361,22 @@ def measured_batch_rates(timing: dict, measured: dict | None = None) -> dict[int
     return rates
 
 
-def _batch_support(rates, batch) -> tuple[int, float, str] | None:
-    """(bigger batch, speedup, source) when a bigger batch measured >= min_measured_gain faster than ``batch``."""
-    if batch not in rates:
-        return None
-    base = rates[batch][0]
-    best = max((b for b in rates if b > batch), key=lambda b: rates[b][0], default=None)
-    if best is None or rates[best][0] < base * (1 + T("min_measured_gain")):
-        return None
-    return best, rates[best][0] / base, rates[best][1]
+# ---- building a finding --------------------------------------------------------------------------------------------
 
 
-_NO_OOM_GAIN = {
-    "speedup": None,
-    "saves_share": None,
-    "basis": "avoids running out of memory (and its retries)",
-    "measured_by": None,
-}
-TRIALABLE_KEYS = ("workers", "batch", "cache", "amp")  # what a short training window can measure
+def _ev(value, threshold, op):
+    return {"value": None if value is None else round(value, 4), "threshold": threshold, "op": op}
 
 
-# Changes that cost something besides speed: a finding may still advise one (for full memory or a saturated loader
-# a smaller image is the lever left; for checkpoint stalls, nosave), but says what it costs, in a few words for the
-# verdict line and in full for diagnosis.md and the report. tune tries neither (not trialable).
-TRADE_OFFS = {
-    "img": (
-        "changes what is trained",
-        "trains and detects at a lower resolution (small objects suffer): compare mAP before keeping it",
-    ),
-    "nosave": (
-        "no resume mid-stage",
-        "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming",
-    ),
-}
+def _gain(speedup=None, saves_share=None, basis="", measured_by=None) -> dict:
+    """A finding's expected gain: ``speedup`` of steady training images/s (x1.25 = 25 % faster) and/or the share of
+    the epoch loop it saves; ``measured_by`` names the measurement behind it, None when it is an estimate."""
+    return {
+        "speedup": None if speedup is None else round(speedup, 3),
+        "saves_share": None if saves_share is None else round(max(saves_share, 0.0), 4),
+        "basis": basis,
+        "measured_by": measured_by,
+    }
 
 
 def _setting(change: str) -> tuple[str, str, str]:
@@ -324,407 +411,436 @@ def candidate_of(change: str) -> dict | None:
     return {key: {"true": True, "false": False}.get(value, value)}
 
 
+def _defines_stage(change: str, f: Facts) -> bool:
+    head, key, _value = _setting(change)
+    return head.startswith("stages.") and key in f.defining
+
+
+def finding(f: Facts, code, evidence, levers, why, *, share=None, key=None, gain=None, **kw):
+    """A finding from its ``levers`` (the changes that would help, best first): the first is the change, the rest
+    ``also``. ``share``: the share of the epoch loop it addresses; ``key``: its key metric. A lever that would change
+    a setting defining the stage is dropped; when none is left the class is reported as not evaluated, with why.
+    ``candidate`` (keyword): the tune trial's settings, by default the change's; None when a short training window
+    cannot measure it (validation, checkpoints, memory)."""
+    kept = [c for c in levers if not _defines_stage(c, f)]
+    if not kept:
+        key = _setting(levers[0])[1]
+        return NotEvaluated(code, f"{why}, but the change that would help ({levers[0]}) alters {f.defining[key]}")
+    if key is None:  # the first piece of evidence that crossed its threshold
+        key = next((k for k, v in evidence.items() if isinstance(v, dict) and v.get("op") in ("<", ">")), None)
+    cls, title = CLASSES[code]
+    return {
+        "code": code,
+        "class": cls,
+        "title": title,
+        "key_metric": key,
+        "evidence": evidence,
+        "change": kept[0],
+        "trade_off": trade_off_of(kept[0]),
+        "also": [_with_trade_off(a) for a in kept[1:]],
+        "why": why,
+        "addressable_share": None if share is None else round(max(share, 0.0), 4),
+        "expected_gain": gain or _gain(basis="no speed estimate"),
+        "candidate": kw["candidate"] if "candidate" in kw else candidate_of(kept[0]),
+        "verified": bool(gain and gain.get("measured_by")),
+    }
+
+
+# ---- levers shared by several classes ------------------------------------------------------------------------------
+
+
+def _round32(x) -> int:
+    return max(32, int(x) // 32 * 32)
+
+
+def cache_change(f: Facts) -> str | None:
+    """ram when the decoded images fit in the available RAM (minus the margin), else disk; None when cached."""
+    fits = (
+        f.cache_estimate_mb is not None
+        and f.ram_available_mb is not None
+        and f.cache_estimate_mb < (1 - T("ram_cache_margin")) * f.ram_available_mb
+    )
+    if f.cache == "ram" or (f.cache == "disk" and not fits):
+        return None
+    return f"stages.{f.stage}.cache: {'ram' if fits else 'disk'}"
+
+
+def cache_evidence(f: Facts) -> dict:
+    return {
+        "cache_estimate_mb": _ev(f.cache_estimate_mb, None, "info"),
+        "ram_available_min_mb": _ev(f.ram_available_mb, None, "info"),
+        "cache": f.cache or None,
+    }
+
+
+def more_workers(f: Facts) -> int | None:
+    """Twice the loader workers (at least one more) when a core is free for them: the CPU is not busy, yolov5's cap
+    (cores // gpus) is not reached and, on a CPU-only run, the torch threads (the training) keep their cores."""
+    cap = f.cores // f.gpus if f.cores else None
+    if f.workers is None or cap is None or f.workers >= cap or f.cpu_busy:
+        return None
+    n = min(cap, max(f.workers * 2, f.workers + 1))
+    if f.cpu_only and f.threads and f.threads + n > f.cores:
+        return None
+    return n
+
+
+def bigger_batch(f: Facts) -> int:
+    """The batch a trial would try: x2, or up to x4 while the peak stays <= memory_target_share; capped at the
+    nominal batch when only memory headroom (not low utilisation) suggests it."""
+    factor = 2
+    if f.memory_share:
+        factor = min(2 ** int(math.floor(math.log2(max(T("memory_target_share") / f.memory_share, 1.0)))), 4)
+    batch = f.batch * max(factor, 1)
+    if _memory_headroom(f) and not f.gpu_low_util:
+        batch = min(batch, f.nominal_batch)
+    return batch // f.gpus * f.gpus
+
+
+def _memory_headroom(f: Facts) -> bool:
+    return (
+        f.memory_share is not None
+        and f.memory_share < T("memory_headroom_share")
+        and f.gpu_util < T("gpu_util_busy_pct")
+        and f.batch < f.nominal_batch
+    )
+
+
+def _batch_support(f: Facts) -> tuple[int, float, str] | None:
+    """(bigger batch, speedup, source) when a bigger batch measured >= min_measured_gain faster than the stage's."""
+    rates = f.batch_rates
+    if f.batch not in rates:
+        return None
+    base = rates[f.batch][0]
+    best = max((b for b in rates if b > f.batch), key=lambda b: rates[b][0], default=None)
+    if best is None or rates[best][0] < base * (1 + T("min_measured_gain")):
+        return None
+    return best, rates[best][0] / base, rates[best][1]
+
+
 def validations(period: int, epochs: int) -> int:
     """In-loop validations of an ``epochs``-epoch stage at ``val_period`` (engine.hooks.ValidationSchedule)."""
     return sum(1 for e in range(1, epochs + 1) if e % max(period, 1) == 0 or e == epochs)
 
 
-def _better_val_period(val_s, rest_s, epochs, now) -> int | None:
-    """The smallest period > now that brings validation near val_target_share of the loop; None if none helps."""
-    if rest_s <= 0 or epochs < 2:
-        return None
-    tgt = T("val_target_share")
-    n = min(max(now + 1, math.ceil(val_s * (1 - tgt) / (tgt * rest_s))), epochs)
-    return n if validations(n, epochs) < validations(now, epochs) else None
+# ---- the rules: one per class ----------------------------------------------------------------------------------
 
 
-def _loop(t):
-    eps = t["epochs"]
-    tot = {k: sum(e[k] for e in eps) for k in ("train_s", "val_s", "checkpoint_s", "logging_s")}
-    return tot, sum(tot.values())
-
-
-def _batch_or_host(found, skipped, stage, *, rates, util_p50, mem_share, batch, nominal, gpus, dws, train_frac):
-    """GPU idle while the loader keeps up: a bigger batch when a measurement showed it faster (batch_too_small),
-    else the host-bound class, whose tune candidate is that bigger batch."""
-    low_util = util_p50 < T("gpu_util_low_pct")
-    headroom = (
-        mem_share is not None
-        and mem_share < T("memory_headroom_share")
-        and util_p50 < T("gpu_util_busy_pct")
-        and batch < nominal
-    )
-    nb = _bigger_batch(batch, mem_share, nominal, gpus, cap_at_nominal=headroom and not low_util)
-    idle_share = (1 - util_p50 / 100) * train_frac
-    support = _batch_support(rates, batch)
-    if support:
-        nb, speedup, source = support
-        found.append(
-            _finding(
-                "batch_too_small",
-                {
-                    "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<" if low_util else "info"),
-                    "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
-                    "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-                    "batch": _ev(batch, nominal, "info"),
-                },
-                f"stages.{stage}.batch: {nb}",
-                f"batch {nb} measured {speedup:.2f}x the images/s of batch {batch} ({source})",
-                addressable_share=idle_share,
-                key_metric="measured_speedup",
-                gain=_gain(speedup, basis=f"measured: batch {nb} vs {batch}", measured_by=source),
-            )
-        )
-        return
-    if (low_util or headroom) and nb > batch:
-        skipped.append(
-            {
-                "code": "batch_too_small",
-                "reason": (
-                    f"GPU util p50 {util_p50:.0f} %, but no measurement shows a bigger batch faster; "
-                    f"stages.{stage}.tune: true measures batch {nb} before advising it"
-                ),
-            }
-        )
-    if not low_util or dws is None:
-        return
-    step_share = 1 - dws  # the main process is inside its own step the rest of the time
-    found.append(
-        _finding(
-            "host_bound_step",
-            {
-                "gpu_util_p50_pct": _ev(util_p50, T("gpu_util_low_pct"), "<"),
-                "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
-                "data_wait_share": _ev(dws, T("data_wait_share"), "<="),
-                "batch": _ev(batch, nominal, "info"),
-            },
-            f"stages.{stage}.tune: true",
-            f"the GPU idles {100 - util_p50:.0f} % of the time while the main process spends "
-            f"{100 * step_share:.0f} % of it inside its own step: the host side of the step (Python, kernel "
-            "launches, syncs; yolov5's deterministic mode, EMA update) sets the pace. More workers do not help, "
-            "and a bigger batch only if a measurement says so" + (f": tune measures batch {nb}" if nb > batch else ""),
-            also=[f"measure stages.{stage}.batch: {nb} (tune) before using it"] if nb > batch else [],
-            addressable_share=idle_share,
-            gain=_gain(
-                None,
-                idle_share,
-                "upper bound: the GPU's idle share of training; no config change is known to recover it",
-            ),
-            candidate={"batch": nb} if nb > batch else None,
-        )
-    )
-
-
-def _periodic_stalls(found, skipped, stage, t, tot, loop):
-    """Validation, checkpoint or logging over their share of the epoch loop; advice only where it saves time."""
-    cfg = t["config"]
-    shares = {k: tot[f"{k}_s"] / loop for k in ("val", "checkpoint", "logging")}
-    over = [k for k in ("val", "checkpoint", "logging") if shares[k] > T(f"{k}_share")]
-    if not over:
-        return
-    changes, saves = {}, dict(shares)
-    eps = t["epochs"]
-    validated = [e for e in eps if e.get("validated")] or eps
-    v = sum(e["val_s"] for e in validated) / len(validated)
-    rest = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in eps) / len(eps)
-    epochs = _int(cfg.get("epochs")) or len(eps)
-    if "val" in over:
-        now = _int(cfg.get("val_period")) or 1
-        n = _better_val_period(v, rest, epochs, now)
-        # measured: the validations the new period skips, at this stage's mean validation time
-        saves["val"] = (validations(now, epochs) - validations(n, epochs)) * v / loop if n else 0.0
-        if saves["val"] > 0:
-            changes["val"] = f"stages.{stage}.val_period: {n}"
-        else:
-            over.remove("val")
-            skipped.append(
-                {
-                    "code": "periodic_stalls",
-                    "reason": (
-                        f"val takes {100 * shares['val']:.0f} % of the epoch loop, but the {epochs}-epoch stage "
-                        f"already validates only {validations(now, epochs)} time(s), the last of which always runs"
-                    ),
-                }
-            )
-    if "checkpoint" in over and cfg.get("nosave") is True:  # advice it already follows saves nothing
-        over.remove("checkpoint")
-        skipped.append(
-            {
-                "code": "periodic_stalls",
-                "reason": (
-                    f"checkpoints take {100 * shares['checkpoint']:.0f} % of the epoch loop, but nosave is already "
-                    "on (the one save at the end remains)"
-                ),
-            }
-        )
-    if "checkpoint" in over:
-        changes["checkpoint"] = f"stages.{stage}.nosave: true"
-    if "logging" in over:
-        changes["logging"] = (
-            f"stages.{stage}.plots: false"
-            if cfg.get("plots") is not False
-            else "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml (e.g. WANDB_MODE=disabled)"
-        )
-    if not over:
-        return
-    worst = max(over, key=lambda k: shares[k])
-    ev = {
-        f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in over else "<=")
-        for k in ("val", "checkpoint", "logging")
+def memory_bound_gpu(f: Facts) -> list:
+    if not f.gpu and f.memory_share is None:
+        return []
+    if f.memory_share is None:
+        return [NotEvaluated("memory_bound", "no GPU memory reading (neither NVML nor torch)")]
+    if f.memory_share <= T("memory_high_share"):
+        return []
+    halve = f"stages.{f.stage}.batch: {max(f.gpus, (f.batch or 2) // 2 // f.gpus * f.gpus)}"
+    if f.amp is not True:
+        levers, why = [f"stages.{f.stage}.amp: true"], "fp16 activations roughly halve activation memory"
+    elif f.batch is not None and f.batch > T("small_batch"):
+        levers, why = [halve, _SMALLER_MODEL], "AMP is already on and the batch is large: halve it"
+    elif f.img is not None and f.img > 64:
+        levers = [f"stages.{f.stage}.img: {_round32(f.img * 0.75)}", _SMALLER_MODEL]
+        why = "AMP is on and the batch is already small: the image (or the model) is too big for this GPU"
+    else:
+        levers, why = [halve, _SMALLER_MODEL], "memory is full"
+    evidence = {
+        "peak_memory_share": _ev(f.memory_share, T("memory_high_share"), ">"),
+        "batch": _ev(f.batch, T("small_batch"), "info"),
+        "amp": f.amp_setting,
     }
-    found.append(
-        _finding(
-            "periodic_stalls",
-            ev,
-            changes[worst],
-            f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop",
-            also=[changes[k] for k in over if k != worst],
-            addressable_share=sum(shares[k] for k in over),
-            key_metric=f"{worst}_share",
-            gain=_gain(
-                None,
-                saves[worst],
-                f"measured {worst} share of the epoch loop, times the share of it the change removes",
-            ),
-        )
+    return [finding(f, "memory_bound", evidence, levers, why, gain=_NO_OOM_GAIN, candidate=None)]
+
+
+def memory_bound_host(f: Facts) -> list:
+    """CPU-only runs: host RAM instead of GPU memory."""
+    if f.gpu or f.memory_share is not None:
+        return []
+    if f.ram_available_mb is None or not f.ram_total_mb:
+        return [NotEvaluated("memory_bound", "no GPU and no host RAM readings")]
+    if f.ram_available_mb / f.ram_total_mb >= T("ram_low_share"):
+        return []
+    if f.cache == "ram":
+        change, why = f"stages.{f.stage}.cache: disk", "the RAM image cache is what fills host memory"
+    elif f.workers:
+        change, why = f"stages.{f.stage}.workers: {f.workers // 2}", "each loader worker holds its own batches"
+    else:
+        change, why = f"stages.{f.stage}.batch: {max(1, (f.batch or 2) // 2)}", "host memory is full (CPU run)"
+    evidence = {
+        "ram_available_min_share": _ev(f.ram_available_mb / f.ram_total_mb, T("ram_low_share"), "<"),
+        "peak_rss_mb": _ev(f.peak_rss_mb, None, "info"),
+    }
+    why += "; judged on host RAM: no GPU in this run"
+    return [finding(f, "memory_bound", evidence, [change], why, gain=_NO_OOM_GAIN, candidate=None)]
+
+
+def data_loading_bound(f: Facts) -> list:
+    """Decided by the data wait alone; the change: more workers on a free core, else a cache, else (GPU runs) a
+    smaller image. On a CPU-only run the loader shares the cores with the training: when the training keeps them
+    busy and the images are cached, no loader setting frees time, and a smaller image shrinks the training too."""
+    if f.data_wait_share is None:
+        return [NotEvaluated("data_loading_bound", "no batch timings")]
+    if not f.waits_on_data:
+        return []
+    workers, cache = more_workers(f), cache_change(f)
+    if workers is not None:
+        levers, why = [f"stages.{f.stage}.workers: {workers}", cache], "the loader starves the step and a core is free"
+    elif cache:
+        levers, why = [cache], "the CPUs are busy (or workers are at the cap): skip JPEG decoding by caching"
+    elif f.gpu and f.img:
+        levers = [f"stages.{f.stage}.img: {_round32(f.img * 0.75)}"]
+        why = "the CPUs are saturated and the images are already cached: less augmentation/resize work per image"
+    else:
+        return [NotEvaluated("data_loading_bound", _not_a_loader_problem(f))]
+    evidence = {
+        "data_wait_share": _ev(f.data_wait_share, T("data_wait_share"), ">"),
+        "data_wait_share_all_epochs": _ev(f.data_wait_share_all, T("data_wait_share"), ">"),
+        "cpu_util_mean_pct": _ev(f.cpu_util, T("cpu_busy_pct"), "info"),
+        "workers": _ev(f.workers, f.cores // f.gpus if f.cores else None, "info"),
+        **({"gpu_util_p50_pct": _ev(f.gpu_util, T("gpu_util_low_pct"), "info")} if f.gpu else {}),
+        **(cache_evidence(f) if levers[0] == cache else {}),
+    }
+    why += "" if f.gpu else "; judged on CPU-side evidence only (no GPU in this run)"
+    share = f.data_wait_share * f.train_share
+    gain = _gain(1 / (1 - f.data_wait_share), share, "upper bound: the step stops waiting for data")
+    return [finding(f, "data_loading_bound", evidence, [c for c in levers if c], why, share=share, gain=gain)]
+
+
+def _not_a_loader_problem(f: Facts) -> str:
+    return (
+        f"data wait {100 * f.data_wait_share:.1f} % of the step, but on this CPU-only run the loading shares the "
+        f"{f.cores} core(s) with the training ({f.threads} torch thread(s), {f.workers} loader worker(s), CPU "
+        f"{f.cpu_util if f.cpu_util is None else round(f.cpu_util)} %) and the images are already cached: no core is "
+        "free for a loader worker and no decoding is left to skip, so no loader setting frees time"
     )
 
 
-def diagnose(timing: dict, stage: str | None = None, measured: dict | None = None) -> Findings:
-    """Classify a timing dict (timing.json). Returns Findings, most important first; [healthy] when none fire.
+def batch_too_small(f: Facts) -> list:
+    """A bigger batch, only when a measurement at it was faster (low utilisation alone is the host-bound class)."""
+    if f.cpu_only:
+        return [NotEvaluated("batch_too_small", f"needs GPU utilisation; no GPU ({f.gpu_reason})")]
+    if f.gpu_util is None:
+        return [NotEvaluated("batch_too_small", "no GPU utilisation samples")]
+    if f.waits_on_data or not f.batch:  # low utilisation explained by the loader
+        return []
+    support = _batch_support(f)
+    if support is None:
+        batch = bigger_batch(f)
+        if (f.gpu_low_util or _memory_headroom(f)) and batch > f.batch:
+            return [NotEvaluated("batch_too_small", _unmeasured_batch(f, batch))]
+        return []
+    batch, speedup, source = support
+    evidence = {
+        "gpu_util_p50_pct": _ev(f.gpu_util, T("gpu_util_low_pct"), "<" if f.gpu_low_util else "info"),
+        "measured_speedup": _ev(speedup, 1 + T("min_measured_gain"), ">="),
+        "data_wait_share": _ev(f.data_wait_share, T("data_wait_share"), "<="),
+        "batch": _ev(f.batch, f.nominal_batch, "info"),
+    }
+    why = f"batch {batch} measured {speedup:.2f}x the images/s of batch {f.batch} ({source})"
+    gain = _gain(speedup, basis=f"measured: batch {batch} vs {f.batch}", measured_by=source)
+    idle = (1 - f.gpu_util / 100) * f.train_share
+    change = [f"stages.{f.stage}.batch: {batch}"]
+    return [finding(f, "batch_too_small", evidence, change, why, share=idle, key="measured_speedup", gain=gain)]
 
-    ``measured``: throughput measured at other settings of this stage (see measured_batch_rates); a bigger batch is
-    advised only with such a measurement (or a tune trial recorded in timing["tune"])."""
-    t = timing
-    stage = stage or t.get("stage") or "<stage>"
-    cfg, gpu, cpu, dw = t["config"], t["gpu"], t["cpu"], t["data_wait"]
-    has_gpu = bool(gpu.get("available"))
-    batch = _int(cfg.get("batch"))
-    nominal = _int(cfg.get("nominal_batch")) or int(T("nominal_batch"))  # the stage's, else yolov5's 64
-    workers = _int(cfg.get("workers"))
-    gpus = max(_int(cfg.get("gpus")) or 1, 1)
-    img = _int(cfg.get("img"))
-    cores = _int(cpu.get("cores"))
-    threads = _int(cfg.get("threads"))
-    cpu_util = _num(cpu.get("util_mean_pct"))
-    util_p50 = _num((gpu.get("util_pct") or {}).get("p50")) if has_gpu else None
-    mem_share = _num(gpu.get("peak_memory_share")) if has_gpu else None
-    if mem_share is None and _num(gpu.get("torch_peak_reserved_mb")) and _num(gpu.get("torch_total_mb")):
-        mem_share = gpu["torch_peak_reserved_mb"] / gpu["torch_total_mb"]  # CUDA without NVML: torch's own figure
-    tot, loop = _loop(t)
-    train_frac = tot["train_s"] / loop if loop > 0 else None
-    dws = _num(dw.get("steady_share"))
-    if dws is None:
-        dws = _num(dw.get("share"))
-    found, skipped = [], []
-    context = {"gpu": has_gpu, "gpu_reason": gpu.get("reason"), "loop_s": round(loop, 4), "tune": t.get("tune")}
 
-    # 3 memory-bound ---------------------------------------------------------------------------------------
-    if has_gpu or mem_share is not None:
-        if mem_share is None:
-            skipped.append({"code": "memory_bound", "reason": "no GPU memory reading (neither NVML nor torch)"})
-        elif mem_share > T("memory_high_share"):
-            amp = _amp_on(cfg.get("amp"))
-            if amp is not True:
-                change, why = f"stages.{stage}.amp: true", "fp16 activations roughly halve activation memory"
-            elif batch is not None and batch > T("small_batch"):
-                nb = max(gpus, batch // 2 // gpus * gpus)
-                change, why = f"stages.{stage}.batch: {nb}", "AMP is already on and the batch is large: halve it"
-            elif img is not None and img > 64:
-                change = f"stages.{stage}.img: {_round32(img * 0.75)}"
-                why = "AMP is on and the batch is already small: the image (or the model) is too big for this GPU"
-            else:
-                change, why = f"stages.{stage}.batch: {max(gpus, (batch or 2) // 2)}", "memory is full"
-            found.append(
-                _finding(
-                    "memory_bound",
-                    {
-                        "peak_memory_share": _ev(mem_share, T("memory_high_share"), ">"),
-                        "batch": _ev(batch, T("small_batch"), "info"),
-                        "amp": cfg.get("amp"),
-                    },
-                    change,
-                    why,
-                    also=["a smaller model (model.cfg), e.g. yolov5n.yaml"] if amp else [],
-                    gain=_NO_OOM_GAIN,
-                    candidate=None,
-                )
-            )
-    else:
-        avail, total = _num(cpu.get("ram_available_min_mb")), _num(cpu.get("ram_total_mb"))
-        if avail is None or not total:
-            skipped.append({"code": "memory_bound", "reason": "no GPU and no host RAM readings"})
-        elif avail / total < T("ram_low_share"):
-            cache = (cfg.get("cache") or "").lower()
-            if cache == "ram":
-                change, why = f"stages.{stage}.cache: disk", "the RAM image cache is what fills host memory"
-            elif workers:
-                change, why = f"stages.{stage}.workers: {workers // 2}", "each loader worker holds its own batches"
-            else:
-                change, why = f"stages.{stage}.batch: {max(1, (batch or 2) // 2)}", "host memory is full (CPU run)"
-            found.append(
-                _finding(
-                    "memory_bound",
-                    {
-                        "ram_available_min_share": _ev(avail / total, T("ram_low_share"), "<"),
-                        "peak_rss_mb": _ev(_num(cpu.get("peak_rss_mb")), None, "info"),
-                    },
-                    change,
-                    why + "; judged on host RAM: no GPU in this run",
-                    gain=_NO_OOM_GAIN,
-                    candidate=None,
-                )
-            )
+def _unmeasured_batch(f: Facts, batch: int) -> str:
+    return (
+        f"GPU util p50 {f.gpu_util:.0f} %, but no measurement shows a bigger batch faster; "
+        f"stages.{f.stage}.tune: true measures batch {batch} before advising it"
+    )
 
-    # 1 data-loading bound ---------------------------------------------------------------------------------
-    data_bound = dws is not None and dws > T("data_wait_share")
-    if dws is None:
-        skipped.append({"code": "data_loading_bound", "reason": "no batch timings"})
-    elif data_bound:
-        max_workers = (cores // gpus) if cores else None  # yolov5 caps workers at cpu_count // n_gpu
-        spare = None
-        if cores is not None and cpu_util is not None:
-            spare = cores * (1 - cpu_util / 100.0)
-        busy = cpu_util is not None and cpu_util > T("cpu_busy_pct")
-        ev = {
-            "data_wait_share": _ev(dws, T("data_wait_share"), ">"),
-            "cpu_util_mean_pct": _ev(cpu_util, T("cpu_busy_pct"), "info"),
-            "workers": _ev(workers, max_workers, "info"),
-        }
-        if has_gpu:
-            ev["gpu_util_p50_pct"] = _ev(util_p50, T("gpu_util_low_pct"), "info")
-        cache_change, cev = _cache_change(stage, t)
-        nw = None
-        if workers is not None and max_workers is not None and workers < max_workers and not busy:
-            nw = min(max_workers, max(workers * 2, workers + 1))
-            change = f"stages.{stage}.workers: {nw}"
-            why = (
-                f"the loader starves the step and the CPUs have ~{spare:.1f} idle core(s)"
-                if spare is not None
-                else "the loader starves the step"
-            )
-            also = [cache_change] if cache_change else []
-        elif cache_change:
-            change, why = (
-                cache_change,
-                ("the CPUs are busy (or workers are at the cap): skip JPEG decoding by caching decoded images"),
-            )
-            also = []
-            ev.update(cev)
-        else:
-            change = (
-                f"stages.{stage}.img: {_round32((img or 640) * 0.75)}" if img else f"stages.{stage}.workers: {workers}"
-            )
-            why = "CPUs are saturated and images are already cached: less augmentation/resize work per image"
-            also = []
-        if not has_gpu:
-            why += "; judged on CPU-side evidence only (no GPU in this run)"
-            if nw is not None and threads and cores and threads + nw > cores:
-                why += f" (note: {threads} torch thread(s) + {nw} workers exceed the {cores} cores)"
-        found.append(
-            _finding(
-                "data_loading_bound",
-                ev,
-                change,
-                why,
-                also,
-                addressable_share=dws * (train_frac or 1.0),
-                gain=_gain(
-                    1 / (1 - dws) if dws < 1 else None,
-                    dws * (train_frac or 1.0),
-                    "upper bound: the step stops waiting for data",
-                ),
-            )
+
+def host_bound_step(f: Facts) -> list:
+    """GPU idle while the loader keeps up and no measurement supports a bigger batch: the host side of the step sets
+    the pace. The change is a measurement (tune), whose candidate is the bigger batch."""
+    if f.cpu_only or not f.gpu_low_util or not f.batch or f.data_wait_share is None:
+        return []
+    if f.data_wait_share > T("data_wait_share") or _batch_support(f):
+        return []
+    batch = bigger_batch(f)
+    step_share = 1 - f.data_wait_share  # the main process is inside its own step the rest of the time
+    idle = (1 - f.gpu_util / 100) * f.train_share
+    evidence = {
+        "gpu_util_p50_pct": _ev(f.gpu_util, T("gpu_util_low_pct"), "<"),
+        "main_process_step_share": _ev(step_share, round(1 - T("data_wait_share"), 4), ">="),
+        "data_wait_share": _ev(f.data_wait_share, T("data_wait_share"), "<="),
+        "batch": _ev(f.batch, f.nominal_batch, "info"),
+    }
+    why = (
+        f"the GPU idles {100 - f.gpu_util:.0f} % of the time while the main process spends {100 * step_share:.0f} % "
+        "of it inside its own step: the host side of the step (Python, kernel launches, syncs; yolov5's "
+        "deterministic mode, EMA update) sets the pace. More workers do not help, and a bigger batch only if a "
+        "measurement says so" + (f": tune measures batch {batch}" if batch > f.batch else "")
+    )
+    also = [f"measure stages.{f.stage}.batch: {batch} (tune) before using it"] if batch > f.batch else []
+    basis = "upper bound: the GPU's idle share of training; no config change is known to recover it"
+    levers = [f"stages.{f.stage}.tune: true", *also]
+    candidate = {"batch": batch} if batch > f.batch else None
+    return [
+        finding(
+            f, "host_bound_step", evidence, levers, why, share=idle, gain=_gain(None, idle, basis), candidate=candidate
         )
+    ]
 
-    # 2 batch too small / host-bound step -------------------------------------------------------------------
-    if not has_gpu:
-        skipped.append({"code": "batch_too_small", "reason": f"needs GPU utilisation; no GPU ({gpu.get('reason')})"})
-    elif util_p50 is None:
-        skipped.append({"code": "batch_too_small", "reason": "no GPU utilisation samples"})
-    elif not data_bound and batch:
-        _batch_or_host(
-            found,
-            skipped,
-            stage,
-            rates=measured_batch_rates(t, measured),
-            util_p50=util_p50,
-            mem_share=mem_share,
-            batch=batch,
-            nominal=nominal,
-            gpus=gpus,
-            dws=dws,
-            train_frac=train_frac or 1.0,
+
+def _val_stall(f: Facts, share: float):
+    """(the val_period change, the share of the loop it saves), or why none saves anything."""
+    validated = [e for e in f.epoch_rows if e.get("validated")] or f.epoch_rows
+    val_s = sum(e["val_s"] for e in validated) / len(validated)
+    rest_s = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in f.epoch_rows) / len(f.epoch_rows)
+    now, epochs, target = f.val_period, f.epochs, T("val_target_share")
+    period = None
+    if rest_s > 0 and epochs >= 2:  # the smallest period > now that brings validation near val_target_share
+        period = min(max(now + 1, math.ceil(val_s * (1 - target) / (target * rest_s))), epochs)
+    skipped = validations(now, epochs) - validations(period, epochs) if period else 0
+    if skipped > 0:  # measured: the validations the new period skips, at this stage's mean validation time
+        return f"stages.{f.stage}.val_period: {period}", skipped * val_s / f.loop_s
+    return NotEvaluated(
+        "periodic_stalls",
+        f"val takes {100 * share:.0f} % of the epoch loop, but the {epochs}-epoch stage already validates only "
+        f"{validations(now, epochs)} time(s), the last of which always runs",
+    )
+
+
+def _checkpoint_stall(f: Facts, share: float):
+    if f.nosave:  # advice it already follows saves nothing
+        return NotEvaluated(
+            "periodic_stalls",
+            f"checkpoints take {100 * share:.0f} % of the epoch loop, but nosave is already on (the one save at the "
+            "end remains)",
         )
+    return f"stages.{f.stage}.nosave: true", share
 
-    # 4 periodic stalls ------------------------------------------------------------------------------------
-    if loop <= 0:
-        skipped.append({"code": "periodic_stalls", "reason": "no epoch timings"})
-    else:
-        _periodic_stalls(found, skipped, stage, t, tot, loop)
 
-    # 5 slow first epoch -----------------------------------------------------------------------------------
-    feo = _num(t.get("first_epoch_overhead"))
-    if feo is None:
-        skipped.append({"code": "slow_first_epoch", "reason": t.get("first_epoch_overhead_reason") or "unknown"})
-    elif feo > T("first_epoch_overhead"):
-        change, cev = _cache_change(stage, t)
-        steady = _num(t["throughput"].get("steady_epoch_train_s")) or 0.0
-        if change:
-            found.append(
-                _finding(
-                    "slow_first_epoch",
-                    {"first_epoch_overhead": _ev(feo, T("first_epoch_overhead"), ">"), **cev},
-                    change,
-                    "the first pass decodes every image from disk; a cache pays that once, in setup",
-                    addressable_share=((feo - 1) * steady / loop) if loop else None,
-                    gain=_gain(
-                        None,
-                        ((feo - 1) * steady / loop) if loop else None,
-                        "the first epoch's extra time over a steady epoch",
-                    ),
-                )
-            )
-        else:
-            skipped.append(
-                {
-                    "code": "slow_first_epoch",
-                    "reason": f"first epoch {feo:.2f}x steady, but images are "
-                    f"already cached ({cfg.get('cache')}): engine warm-up, no config change",
-                }
-            )
+def _logging_stall(f: Facts, share: float):
+    if f.plots is not False:
+        return f"stages.{f.stage}.plots: false", share
+    return (
+        "log to local TensorBoard only: uninstall or disable wandb/clearml/comet_ml (e.g. WANDB_MODE=disabled)",
+        share,
+    )
 
-    ooms = [a for a in t.get("attempts") or [] if a.get("status") == "oom"]
-    if ooms:
-        # The stage finished only after out-of-memory retries: say so, and make the working batch the config's,
-        # so the next run does not pay for the failed attempts again.
-        found.append(
-            _finding(
-                "batch_reduced_after_oom",
-                {"oom_attempts": len(ooms), "batch_that_failed": ooms[0].get("batch"), "batch_used": batch},
-                f"stages.{stage}.batch: {batch}",
-                "CUDA ran out of memory at the configured batch; each retry halved it",
-                also=[f"stages.{stage}.amp: true", f"stages.{stage}.img: {_round32((img or 64) * 0.75)}"],
-                key_metric="oom_attempts",
-                gain=_NO_OOM_GAIN,
-                candidate=None,
+
+STALLS = {"val": _val_stall, "checkpoint": _checkpoint_stall, "logging": _logging_stall}
+
+
+def periodic_stalls(f: Facts) -> list:
+    """Validation, checkpoint or logging over their share of the epoch loop; advice only where it saves time."""
+    if f.loop_s <= 0:
+        return [NotEvaluated("periodic_stalls", "no epoch timings")]
+    shares = {k: f.loop[k] / f.loop_s for k in STALLS}
+    outcomes = {k: STALLS[k](f, shares[k]) for k in STALLS if shares[k] > T(f"{k}_share")}
+    skipped = [o for o in outcomes.values() if isinstance(o, NotEvaluated)]
+    advice = {k: o for k, o in outcomes.items() if not isinstance(o, NotEvaluated)}
+    if not advice:
+        return skipped
+    worst = max(advice, key=shares.get)
+    levers = [advice[worst][0]] + [change for k, (change, _) in advice.items() if k != worst]
+    evidence = {f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in advice else "<=") for k in STALLS}
+    why = f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop"
+    basis = f"measured {worst} share of the epoch loop, times the share of it the change removes"
+    gain = _gain(None, advice[worst][1], basis)
+    addressable = sum(shares[k] for k in advice)
+    return skipped + [
+        finding(f, "periodic_stalls", evidence, levers, why, share=addressable, key=f"{worst}_share", gain=gain)
+    ]
+
+
+def slow_first_epoch(f: Facts) -> list:
+    overhead = f.first_epoch_overhead
+    if overhead is None:
+        return [NotEvaluated("slow_first_epoch", f.first_epoch_reason or "unknown")]
+    if overhead <= T("first_epoch_overhead"):
+        return []
+    change = cache_change(f)
+    if not change:
+        return [
+            NotEvaluated(
+                "slow_first_epoch",
+                f"first epoch {overhead:.2f}x steady, but images are already cached ({f.cache}): engine warm-up, "
+                "no config change",
             )
+        ]
+    saves = (overhead - 1) * f.steady_epoch_s / f.loop_s if f.loop_s else None
+    evidence = {"first_epoch_overhead": _ev(overhead, T("first_epoch_overhead"), ">"), **cache_evidence(f)}
+    why = "the first pass decodes every image from disk; a cache pays that once, in setup"
+    gain = _gain(None, saves, "the first epoch's extra time over a steady epoch")
+    return [finding(f, "slow_first_epoch", evidence, [change], why, share=saves, gain=gain)]
+
+
+def batch_reduced_after_oom(f: Facts) -> list:
+    """The stage finished only after out-of-memory retries: say so, and make the working batch the config's, so the
+    next run does not pay for the failed attempts again."""
+    if not f.oom_attempts:
+        return []
+    evidence = {
+        "oom_attempts": len(f.oom_attempts),
+        "batch_that_failed": f.oom_attempts[0].get("batch"),
+        "batch_used": f.batch,
+    }
+    levers = [
+        f"stages.{f.stage}.batch: {f.batch}",
+        f"stages.{f.stage}.amp: true",
+        f"stages.{f.stage}.img: {_round32((f.img or 64) * 0.75)}",
+    ]
+    why = "CUDA ran out of memory at the configured batch; each retry halved it"
+    return [
+        finding(
+            f, "batch_reduced_after_oom", evidence, levers, why, key="oom_attempts", gain=_NO_OOM_GAIN, candidate=None
         )
+    ]
 
-    order = {"batch_reduced_after_oom": 0, "memory_bound": 0}
-    found.sort(key=lambda f: (order.get(f["code"], 1), -(f["addressable_share"] or 0.0)))
-    if not found:
-        ev = {"data_wait_share": _ev(dws, T("data_wait_share"), "<=")}
-        if has_gpu:
-            ev["gpu_util_p50_pct"] = _ev(util_p50, T("gpu_util_low_pct"), ">=")
-            ev["peak_memory_share"] = _ev(mem_share, T("memory_high_share"), "<=")
-        ev["first_epoch_overhead"] = _ev(feo, T("first_epoch_overhead"), "<=")
-        found.append(_finding("healthy", ev, "none", "no class crossed its threshold", gain=_gain(basis="none")))
-    return Findings(found, stage=stage, not_evaluated=skipped, context=context)
+
+def healthy(f: Facts) -> dict:
+    evidence = {"data_wait_share": _ev(f.data_wait_share, T("data_wait_share"), "<=")}
+    if f.gpu:
+        evidence["gpu_util_p50_pct"] = _ev(f.gpu_util, T("gpu_util_low_pct"), ">=")
+        evidence["peak_memory_share"] = _ev(f.memory_share, T("memory_high_share"), "<=")
+    evidence["first_epoch_overhead"] = _ev(f.first_epoch_overhead, T("first_epoch_overhead"), "<=")
+    return finding(f, "healthy", evidence, ["none"], "no class crossed its threshold", gain=_gain(basis="none"))
+
+
+# In this order: a class's not-evaluated reasons are listed in it, and equally important findings keep it.
+RULES = (
+    memory_bound_gpu,
+    memory_bound_host,
+    data_loading_bound,
+    batch_too_small,
+    host_bound_step,
+    periodic_stalls,
+    slow_first_epoch,
+    batch_reduced_after_oom,
+)
+
+
+def diagnose(timing: dict, stage: str | None = None, measured: dict | None = None, plan: dict | None = None):
+    """Classify a timing dict (timing.json). Returns Findings, most important first: out-of-memory risks, then by the
+    share of the epoch loop the change can address; [healthy] when no class fires.
+
+    ``measured``: throughput at other settings of this stage (see measured_batch_rates); a bigger batch is advised
+    only with such a measurement (or a tune trial recorded in timing["tune"]). ``plan``: the stage's plan
+    (stage.json), which tells the settings that define the stage (defining_settings); without it, neither the image
+    size nor the frozen layers are ever advised."""
+    f = read_facts(timing, stage, measured, plan)
+    outcomes = [outcome for rule in RULES for outcome in rule(f)]
+    found = [o for o in outcomes if not isinstance(o, NotEvaluated)]
+    found.sort(key=lambda x: (x["code"] not in FIRST, -(x["addressable_share"] or 0.0)))
+    context = {
+        "gpu": f.gpu,
+        "gpu_reason": f.gpu_reason,
+        "loop_s": round(f.loop_s, 4),
+        "tune": timing.get("tune"),
+        "defining_settings": f.defining,
+    }
+    skipped = [o._asdict() for o in outcomes if isinstance(o, NotEvaluated)]
+    return Findings(found or [healthy(f)], stage=f.stage, not_evaluated=skipped, context=context)
+
+
+# ---- output ------------------------------------------------------------------------------------------------------
 
 
 def verdict_line(stage, findings) -> str:
-    """One line for the log: the bottleneck (first finding), its evidence and the change."""
+    """One line for the log: the bottleneck (first finding), its evidence and the change; then every other advised
+    change that costs more than speed (resume, what is trained), so no such cost hides below the headline."""
     findings = list(findings)
     stage = stage or "<stage>"
     if not findings or findings[0]["code"] == "healthy":
@@ -735,9 +851,24 @@ def verdict_line(stage, findings) -> str:
     evs = ""
     if isinstance(ev, dict) and ev.get("value") is not None and ev.get("threshold") is not None:
         evs = f" ({key} {ev['value']:.3g} {ev['op']} {ev['threshold']:g})"
-    more = f"; +{len(findings) - 1} more" if len(findings) > 1 else ""
     cost = f"; {f['trade_off']['summary']}" if f.get("trade_off") else ""
-    return f"[{stage}] bottleneck: {f['title']}{evs} -> {f['change']} ({_verification(f)}{cost}){more}"
+    costly = _costly_advice(findings)
+    costs = f"; also advised at a cost: {', '.join(costly)}" if costly else ""
+    more = f"; +{len(findings) - 1} more" if len(findings) > 1 else ""
+    return f"[{stage}] bottleneck: {f['title']}{evs} -> {f['change']} ({_verification(f)}{cost}){costs}{more}"
+
+
+def _costly_advice(findings) -> list[str]:
+    """Every advised change with a trade-off but the top finding's own change, as ``setting: value (cost)``."""
+    changes = [a for a in findings[0]["also"]] + [c for x in findings[1:] for c in (x["change"], *x["also"])]
+    out = []
+    for change in changes:
+        trade_off = trade_off_of(change)
+        head, _key, value = _setting(change)
+        text = f"{head}: {value.split(' (')[0]} ({trade_off['summary']})" if trade_off else None
+        if text and text not in out:
+            out.append(text)
+    return out
 
 
 def _verification(f) -> str:

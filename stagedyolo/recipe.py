@@ -70,6 +70,19 @@ def stage_spec(config: dict, stage: str) -> dict:
     return spec
 
 
+def stage_inputs(config: dict, stage: str) -> dict:
+    """Everything a stage's job reads from the config: its spec, the model config it builds from, the telemetry
+    interval, and the tune window when the stage tunes. The train_stage rule passes exactly this as its params, so a
+    change to any of it reruns the stages that read it, and no other."""
+    spec = stage_spec(config, stage)
+    return {
+        "spec": spec,
+        "cfg": config["model"]["cfg"],
+        "telemetry_interval_s": config["telemetry"]["interval_s"],
+        "tune": config["tune"] if spec.get("tune") else None,
+    }
+
+
 def image_store_sizes(config: dict) -> list[int]:
     """Image sizes of the stages whose cache may be ram (auto or ram); [] when cache.prebuild_ram is off."""
     if not config["cache"].get("prebuild_ram", True):

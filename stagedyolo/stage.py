@@ -27,7 +27,6 @@ from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
 from stagedyolo.probe.stages import compare_prediction
-from stagedyolo.recipe import run_outline, stage_spec
 from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
 from stagedyolo.telemetry import build_timing, write_timing
 from stagedyolo.tune import tune_stage
@@ -39,7 +38,7 @@ class StageFailed(RuntimeError):
 
 
 def train_stage(
-    config: dict,
+    inputs: dict,
     stage: str,
     *,
     data: str,
@@ -50,8 +49,10 @@ def train_stage(
     threads: int,
     attempt: int,
     log_path: str,
+    run_stages: list[dict] | None = None,
 ) -> dict:
-    """The train_stage rule: plan the stage from config, run it, publish it into timing_path's folder.
+    """The train_stage rule: plan the stage from its inputs (recipe.stage_inputs: the rule's params), run it, publish
+    it into timing_path's folder. ``run_stages``: the run's outline, for the progress line's ETA only.
 
     Folders are derived from the output path (R/stages/S/timing.json), so a Snakemake module's prefix applies.
     """
@@ -59,18 +60,18 @@ def train_stage(
     run_dir = stage_dir.parent.parent
     decision = read_json(Path(cache_decision))
     tuning = read_json(Path(probe[0])) if probe else {}
-    spec = stage_spec(config, stage)
+    spec, interval = inputs["spec"], inputs["telemetry_interval_s"]
     settings = dict(
         stage=stage,
         data=data,
         weights=weights[0] if weights else None,
-        cfg=config["model"]["cfg"],
+        cfg=inputs["cfg"],
         cache_mode=decision["mode"],
         threads=threads,
         work_dir=Path(run_dir) / "work" / stage,
         probe_choice=tuning.get("choice"),
         image_store=(decision.get("store") or {}).get("root"),
-        run_stages=run_outline(config),
+        run_stages=run_stages,
     )
 
     def make_plan(changes: dict) -> StagePlan:  # the stage's plan with some settings changed (a tune candidate)
@@ -79,14 +80,14 @@ def train_stage(
     engine_home = Path(run_dir) / "engine"
     with _owned(settings["work_dir"], stage):  # its tune trials too: one supervisor per stage
         plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
-        if spec.get("tune"):
+        if inputs["tune"]:
             plan, tune = tune_stage(
                 make_plan,
                 tune_dir=tune_dir,
                 log_path=log_path,
                 engine_home=engine_home,
-                window=config["tune"],
-                telemetry_interval=config["telemetry"]["interval_s"],
+                window=inputs["tune"],
+                telemetry_interval=interval,
             )
         outcome = run_stage(
             plan,
@@ -94,7 +95,7 @@ def train_stage(
             attempt=attempt,
             log_path=log_path,
             engine_home=engine_home,
-            telemetry_interval=config["telemetry"]["interval_s"],
+            telemetry_interval=interval,
             tune=tune,
             prediction=(tuning.get("stages") or {}).get(stage),
         )

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
 from stagedyolo.engine.options import engine_spec, stage_hyp, yolov5_options
-from stagedyolo.launch import scaled_lr0
-from stagedyolo.yolov5_facts import MIN_WARMUP_ITERS, NOMINAL_BATCH
+from stagedyolo.yolov5_facts import MIN_WARMUP_ITERS, NOMINAL_BATCH, accumulate
 
 # Smallest batch the out-of-memory retry halves down to.
 MIN_RETRY_BATCH = 2
@@ -173,6 +172,31 @@ def build_plan(
         work_dir=str(Path(work_dir).resolve()),
         run_stages=run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
     )
+
+
+# lr_scaling: how a stage's lr0 follows its total batch (docs/ddp.md says why it is not scaled by default).
+LR_SCALING_MODES = ("none", "linear")
+
+
+def scaled_lr0(lr0: float, batch: int, mode: str = "none", nominal_batch: int = NOMINAL_BATCH) -> float:
+    """The ``lr0`` to write into the stage's hyp file for a total ``batch`` under ``lr_scaling: mode``.
+
+    - ``none`` (default): ``lr0`` unchanged. YOLOv5 already normalises to ``nominal_batch`` by accumulating
+      gradients and scaling weight decay, and under DDP it multiplies the loss by WORLD_SIZE, so a stage with a
+      total batch B on N GPUs takes the same optimizer steps as one GPU with batch B.
+    - ``linear``: ``lr0 * effective_batch / nominal_batch`` with ``effective_batch = batch * accumulate``, the
+      batch one optimizer step actually sees. That is the factor YOLOv5 applies to weight decay, so LR and weight
+      decay move together. Up to 64 accumulation makes the factor about 1 (only the rounding of ``accumulate`` is
+      left: 48 -> 0.75, 40 -> 1.25); above 64 it is ``batch / 64``.
+    """
+    if mode not in LR_SCALING_MODES:
+        raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALING_MODES)}, not {mode!r}")
+    if batch <= 0:
+        raise ValueError(f"batch must be a positive total batch size, not {batch}")
+    if mode == "none":
+        return lr0
+    effective_batch = batch * accumulate(batch, nominal_batch)
+    return lr0 * effective_batch / nominal_batch
 
 
 def retry_batch(batch: int, attempts: list[dict]) -> int:

@@ -183,6 +183,20 @@ def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
     assert "stage=finetune" in result.stdout and "stage=highres" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "change, stages_rerun",
+    [
+        ("telemetry={interval_s: 0.5}", 4),  # every stage samples at it
+        ("model={cfg: yolov5s.yaml}", 4),  # every stage builds from it (and the demo weights are pretrained anew)
+        ("tune={measure_batches: 7}", 0),  # no tiny stage tunes: none reads the window
+    ],
+)
+def test_a_config_setting_outside_the_stage_reruns_exactly_the_stages_that_read_it(tiny_run, change, stages_rerun):
+    workdir, _, _ = tiny_run
+    result = snakemake(workdir, "-n", "--config", change, configfiles=configs(workdir))
+    assert planned_jobs(result.stdout).get("train_stage", 0) == stages_rerun, result.stdout[-3000:]
+
+
 def test_the_report_renders_and_snakemake_report_embeds_it(tiny_run):
     workdir, run, _ = tiny_run
     plots = ("phases", "utilization", "throughput", "map50")

@@ -10,11 +10,11 @@ from a RAM cache to decoding every image is several times slower.
 import json
 
 import pytest
+from dataset_testing import LOADER_BOUND_SPEC
 
 from stagedyolo import tune
 from stagedyolo.dataset.cache import cache_dataset
 from stagedyolo.dataset.staging import stage_dataset
-from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
@@ -185,6 +185,7 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
 
     import stagedyolo.stage as stage_module
     from stagedyolo.jsonio import write_json
+    from stagedyolo.recipe import stage_inputs
 
     config = yaml.safe_load(open("config/config.yaml"))
     config["stages"]["frozen"]["tune"] = True
@@ -200,7 +201,7 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
         seen["workers"], seen["tune"] = plan["workers"], kwargs["tune"]
         return {"status": "ok"}
 
-    monkeypatch.setattr(tune, "tune_stage", fake_tune)
+    monkeypatch.setattr(stage_module, "tune_stage", fake_tune)
     monkeypatch.setattr(stage_module, "run_stage", fake_run_stage)
     timing = tmp_path / "run" / "stages" / "frozen" / "timing.json"
     kwargs = dict(
@@ -213,7 +214,7 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
         attempt=1,
         log_path=str(tmp_path / "log"),
     )
-    stage_module.train_stage(config, "frozen", **kwargs)
+    stage_module.train_stage(stage_inputs(config, "frozen"), "frozen", **kwargs)
     assert seen == {
         "window": config["tune"],
         "image_store": str(tmp_path / "copy"),
@@ -222,7 +223,7 @@ def test_the_train_stage_rule_tunes_a_stage_that_asks_for_it(monkeypatch, tmp_pa
     }
     assert not (tmp_path / "run" / "work" / "frozen.tune").exists()  # removed once the stage is published
     seen.clear()
-    stage_module.train_stage(config, "smoke", **kwargs)  # tune: false (stage_defaults)
+    stage_module.train_stage(stage_inputs(config, "smoke"), "smoke", **kwargs)  # tune: false (stage_defaults)
     assert seen["tune"] is None and "window" not in seen
 
 

@@ -18,9 +18,6 @@ import sys
 import types
 from pathlib import Path
 
-YOLOV5_NOMINAL_BATCH = 64
-YOLOV5_MIN_WARMUP_ITERS = 100
-
 
 def patched_source(source: str, edits) -> str:
     """`source` with each (old, new) of `edits` replaced; every old text must occur exactly once."""

@@ -27,6 +27,7 @@ from stagedyolo.probe.steady import (
     MeasuringBudget,
     time_steady,
 )
+from stagedyolo.yolov5_facts import accumulate
 
 # Objects per synthetic image: enough that the loss builds targets on every detection layer, as real labels do.
 SYNTHETIC_OBJECTS = 4
@@ -512,7 +513,7 @@ def measure_stage_run(
     dtype = torch.bfloat16 if group["amp_dtype"] == "bfloat16" else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=group["amp"] and cuda)
     compute_loss, ema = ComputeLoss(model), engine["ema_class"](model)
-    accumulate = max(round(group["nominal_batch"] / group["batch"]), 1)  # train.py's optimizer step every N batches
+    every = accumulate(group["batch"], group["nominal_batch"])  # train.py's optimizer step every N batches
     count = [0]
 
     def train_step() -> int:
@@ -522,7 +523,7 @@ def measure_stage_run(
             loss, _items = compute_loss(model(imgs), targets.to(device))
         scaler.scale(loss).backward()
         count[0] += 1
-        if count[0] % accumulate == 0:
+        if count[0] % every == 0:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from stagedyolo.engine.train_module import YOLOV5_NOMINAL_BATCH
 from stagedyolo.jsonio import write_json
+from stagedyolo.yolov5_facts import NOMINAL_BATCH, accumulate
 
 # throughput.basis when the stage has steady epochs: the first epoch includes warm-up (loader start, caching).
 STEADY_BASIS = "epochs after the first"
@@ -177,7 +177,7 @@ def effective_batch(batch, nominal_batch=None) -> int | None:
     b = finite(batch)
     if not b or b <= 0:
         return None
-    return int(b * max(round((finite(nominal_batch) or YOLOV5_NOMINAL_BATCH) / b), 1))
+    return int(b * accumulate(b, finite(nominal_batch) or NOMINAL_BATCH))
 
 
 _SAMPLER_KEYS = ("gpu_status", "gpu_names", "nvml_indices", "interval_s", "samples", "sample_cpu_s", "errors")

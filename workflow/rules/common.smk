@@ -13,6 +13,7 @@ from stagedyolo.recipe import (
     probe_needed,
     probe_stage_specs,
     stage_names,
+    stage_inputs,
     stage_spec,
 )
 from stagedyolo.stage_plan import available_cores
@@ -98,8 +99,9 @@ def get_stage_gate(wildcards):
 
 
 def get_stage_params(wildcards):
-    """What decides a stage's result; Snakemake reruns the stage when this changes."""
-    return stage_spec(config, wildcards.stage)
+    """Everything the stage's job reads from the config (stagedyolo.recipe.stage_inputs); Snakemake reruns the stage
+    when it changes. (The run's outline, for the progress line's ETA, is read beside it and decides nothing.)"""
+    return stage_inputs(config, wildcards.stage)
 
 
 def get_stage_gpus(wildcards):

@@ -26,6 +26,6 @@ rule train_stage:
         gpu=get_stage_gpus,
         attempt=get_attempt,
     params:
-        spec=get_stage_params,
+        inputs=get_stage_params,
     script:
         "../scripts/train_stage.py"

@@ -3,11 +3,13 @@ from stagedyolo.launch import exit_when_job_starter_dies
 # Snakemake killed (kill -9) must not leave this stage training and publishing on its own: end it with Snakemake.
 exit_when_job_starter_dies()
 
-from stagedyolo.stage import train_stage  # noqa: E402  (the watch starts first)
+from stagedyolo.recipe import run_outline  # noqa: E402  (the watch starts first)
+from stagedyolo.stage import train_stage  # noqa: E402
 
 train_stage(
-    snakemake.config,
+    snakemake.params.inputs,
     snakemake.wildcards.stage,
+    run_stages=run_outline(snakemake.config),  # the progress line's run ETA only: decides nothing the stage trains
     data=snakemake.input.data,
     cache_decision=snakemake.input.cache,
     weights=list(snakemake.input.weights),

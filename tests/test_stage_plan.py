@@ -4,7 +4,7 @@ import yaml
 from stagedyolo.engine.options import base_hyp, stage_hyp
 from stagedyolo.probe.rule import worker_candidates
 from stagedyolo.recipe import previous_stage, probe_batches, probe_needed, stage_spec
-from stagedyolo.stage_plan import cpu_budget
+from stagedyolo.stage_plan import cpu_budget, scaled_lr0
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -94,3 +94,16 @@ def test_the_probe_times_the_model_only_at_batches_a_stage_can_take():
     assert probe_batches(one_auto) == CONFIG["probe"]["batch"]  # a batch: auto stage may take any candidate
     two_gpus = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "batch": 64, "gpus": 2}}
     assert probe_batches(two_gpus) == [32]  # the probe measures one GPU's share of the total batch
+
+
+def test_lr_is_not_scaled_by_default():
+    assert scaled_lr0(0.01, 256, "none") == 0.01
+
+
+def test_linear_lr_scaling_follows_the_effective_batch_yolov5_steps_with():
+    assert scaled_lr0(0.01, 16, "linear") == pytest.approx(0.01)  # accumulate 4: already 64
+    assert scaled_lr0(0.01, 64, "linear") == pytest.approx(0.01)
+    assert scaled_lr0(0.01, 48, "linear") == pytest.approx(0.0075)  # accumulate rounds to 1
+    assert scaled_lr0(0.01, 256, "linear") == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="lr_scaling must be one of none, linear"):
+        scaled_lr0(0.01, 64, "sqrt")
