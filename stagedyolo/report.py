@@ -24,27 +24,7 @@ FILES = {
     "throughput_png": "throughput.png",
     "map50_png": "map50.png",
     "plot_data": "plot_data.json",
-    "phases_rst": "phases.rst",
-    "utilization_rst": "utilization.rst",
-    "throughput_rst": "throughput.rst",
-    "map50_rst": "map50.rst",
-    "summary_rst": "summary.rst",
     "tensorboard": "tensorboard",
-}
-CAPTIONS = {
-    "phases_rst": "Where each stage's wall time went: setup (process start to the first epoch: imports, dataset scan, "
-    "cache fill, model build), train (batches: data wait + compute), val (in-loop and final validation), "
-    "checkpoint (torch.save, strip_optimizer), logging (yolov5 loggers: results.csv, TensorBoard, plots) "
-    "and other (launch, exit, unaccounted). Seconds; the bars sum to the stage's wall time.",
-    "utilization_rst": "Host CPU (mean over cores) and, where a GPU was sampled, NVML GPU utilisation per GPU, over "
-    "each stage's run time (seconds since the sampler started). No GPU line means no GPU readings "
-    "(the reason is in the stage's timing.json), never zero utilisation.",
-    "throughput_rst": "Training images per second per epoch (images / train time of the epoch, excluding validation, "
-    "checkpoint and logging), stages concatenated in order.",
-    "map50_rst": "Validation mAP@0.5 per epoch from yolov5's results.csv, stages concatenated in order; epochs that "
-    "were not validated (val_period) are gaps.",
-    "summary_rst": "One row per stage: phase shares, steady-state throughput, data-wait share, utilisation, memory "
-    "and the diagnosis verdict. Thresholds and definitions: docs/timing.md.",
 }
 
 
@@ -383,8 +363,6 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
         fig.savefig(paths[key], dpi=100)
         plt.close(fig)
     paths["plot_data"].write_text(json.dumps(data, indent=1))
-    for key, text in CAPTIONS.items():
-        paths[key].write_text(text + "\n")
     write_tensorboard(data, paths["tensorboard"])
     return paths
 
