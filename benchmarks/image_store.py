@@ -1,4 +1,4 @@
-"""Stage set-up with the RAM cache served from the run's image store vs rebuilt by yolov5 in the stage (issue 12).
+"""Stage set-up with the RAM cache served from the run's image store vs rebuilt by yolov5 in the stage.
 
 Same stage, interleaved (order alternates each round), through stagedyolo.stage.build_plan/run_stage as the
 train_stage rule runs it: the demo target set (256 train + 64 val images of 160 px), staged; img 128, batch 16,

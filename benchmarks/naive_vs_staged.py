@@ -103,8 +103,6 @@ PREP_RULES = ("verify_env", "prepare_dataset", "cache_dataset", "probe")
 def base_config(data_yaml: Path, weights: Path, run: str) -> dict:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config.update(run=run, dataset=str(data_yaml), model={**config["model"], "weights": str(weights)})
-    if "warm_start" in (config.get("engine") or {}):  # gone once the warm server is removed (issue 15)
-        config["engine"]["warm_start"] = False
     return config
 
 

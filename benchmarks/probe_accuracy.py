@@ -5,12 +5,12 @@
 Each repeat runs the demo pipeline up to the last stage's timing.json with the probe measuring afresh
 (`probe.reuse: false`, `--forcerun probe`, so every stage reruns after it) at the first of `--budgets` (its
 `probe.budget_s`); the first repeat also builds the demo data and weights. Then the probe alone runs again at each
-other budget (15 s: issue 12's target and the default), and its predictions are compared with the same stages'
+other budget (15 s: the probe's target and the default), and its predictions are compared with the same stages'
 measurements, if it made the same choice (otherwise the stages would have run with other settings). Per stage:
 each probe's prediction, the stage's measured steady images/s (epochs after the first) and their ratio; per probe
 run its rule seconds (imports included), its import seconds, its runs cut by the budget, and the load average.
 
-Targets, fixed before the first run (issue 12's acceptance): every stage with a steady epoch within +-25 % of its
+Targets, fixed before the first run (the probe's acceptance): every stage with a steady epoch within +-25 % of its
 prediction; the probe rule at most 15 s. Both are reported for both budgets, whether met or not.
 """
 

@@ -10,8 +10,8 @@ the rule's Python process start, before that from its first line, so the arms' r
 the whole `snakemake --forcerun probe` call's wall seconds (the same for both arms: DAG, job, script start-up and
 all), its import seconds, the runs its budget cut or skipped, and each stage's prediction.
 
-Targets, fixed before the first run: every probe of this tree at most `--budget` seconds of rule_s (issue 12: 15 s on
-the CPU demo); its median snakemake wall below the baseline's.
+Targets, fixed before the first run: every probe of this tree at most `--budget` seconds of rule_s (the probe's
+target: 15 s on the CPU demo); its median snakemake wall below the baseline's.
 """
 
 from __future__ import annotations

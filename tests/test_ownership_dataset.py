@@ -1,4 +1,4 @@
-"""The dataset rules write and delete only in the run's own marked folder of cache.dir (issue 29, items 1, 6, 12).
+"""The dataset rules write and delete only in the run's own marked folder of cache.dir.
 
 cache.dir is "fast local scratch": /scratch/$USER holds the user's own arrays and caches, and other runs' copies."""
 

@@ -1,4 +1,4 @@
-"""The probe's per-stage predictions against the demo's real stages (issue 12: within +-25 %).
+"""The probe's per-stage predictions against the demo's real stages (each within +-25 %).
 
 Opt-in (STAGEDYOLO_ACCURACY=1): it needs about five minutes and an idle machine, since a prediction made while
 another job shares the cores cannot hold for a stage that runs beside a different one. CI does not run it;

@@ -1,5 +1,5 @@
 """tune: the top advice is tried on the real stage settings, each trial its own worker process, and kept only when
-it measured >= 5 % faster (issue 12).
+it measured >= 5 % faster.
 
 The real-engine tests use what is reliably slow on 2 shared cores: 1024-px JPEGs decoded and heavily augmented in
 the training process itself (workers 0, no cache) for a 64-px model. Any advice for that (a loader worker, or the
