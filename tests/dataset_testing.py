@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from stage_specs import small_stage_spec
 
 
 def write_image(path: Path, w: int = 64, h: int = 64, seed: int = 0, fmt: str | None = None) -> Path:
@@ -64,22 +65,4 @@ def tree_sha256(root: Path) -> dict[str, str]:
 # A stage that is reliably data-loading bound on 2 shared cores when its images are large (e.g. 1024 px) and the
 # model small (img 64): every batch decodes and heavily augments in the training process itself (workers 0, no cache).
 HEAVY_AUGMENTATION = {"mosaic": 1.0, "mixup": 0.5, "degrees": 15.0, "scale": 0.9, "perspective": 0.0005}
-LOADER_BOUND_SPEC = {
-    "epochs": 1,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": HEAVY_AUGMENTATION,
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": True,
-    "lr_scaling": "none",
-}
+LOADER_BOUND_SPEC = small_stage_spec(hyp=HEAVY_AUGMENTATION, nosave=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.continuation import HANDOVER_NAME
@@ -15,27 +16,13 @@ from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan
 
 EPOCHS_FIRST = 2
-SPEC = {
-    "epochs": EPOCHS_FIRST,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.004,
-    "optimizer": "AdamW",
-    "hyp": {"lrf": 0.5, "warmup_epochs": 1.0, "mosaic": 0.0},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-    "nominal_batch": 8,
-    "min_warmup_iters": 0,
-}
+SPEC = small_stage_spec(
+    epochs=EPOCHS_FIRST,
+    lr0=0.004,
+    hyp={"lrf": 0.5, "warmup_epochs": 1.0, "mosaic": 0.0},
+    nominal_batch=8,
+    min_warmup_iters=0,
+)
 
 
 def run(tmp_path, data, stage, spec, weights=None):

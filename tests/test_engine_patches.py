@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine import patches
@@ -22,27 +23,9 @@ from stagedyolo.jsonio import write_json
 from stagedyolo.stage_plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = {
-    "epochs": 2,
-    "img": 64,
-    "batch": 4,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.01,
-    "optimizer": "SGD",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": True,
-    "lr_scaling": "none",
-    "nominal_batch": 64,
-    "min_warmup_iters": 100,
-}
+SPEC = small_stage_spec(
+    epochs=2, batch=4, lr0=0.01, optimizer="SGD", nosave=True, nominal_batch=64, min_warmup_iters=100
+)
 
 
 def ctx_for(mode="fast", device="cpu", **kw):

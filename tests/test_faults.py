@@ -13,31 +13,14 @@ import time
 import psutil
 import pytest
 import torch
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLoss, NonFiniteLossGuard
 from stagedyolo.stage import StageFailed, run_stage
 from stagedyolo.stage_plan import build_plan
 
-SPEC = {
-    "epochs": 2,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=2)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The image store: decoded once per run by cache_dataset, every stage's RAM cache served from it (issue 12).
+"""The image store: decoded once per run by cache_dataset, every stage's RAM cache served from it.
 
 The yolov5 parts run in a subprocess (yolov5 keeps global state); the last test runs a real stage and reads its
 timing.json: its set-up decoded no image."""
@@ -11,11 +11,12 @@ import textwrap
 
 import cv2
 import pytest
+from dataset_testing import make_dataset
+from stage_specs import small_stage_spec
 
 from stagedyolo.dataset.cache import cache_dataset, staged_images
 from stagedyolo.dataset.image_store import INDEX, STORE_DIR, build_store, open_store, store_path
 from stagedyolo.dataset.staging import stage_dataset
-from stagedyolo.dataset.testing import make_dataset
 from stagedyolo.dataset.validate import validate_dataset
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
@@ -168,25 +169,7 @@ def test_an_image_changed_after_the_store_was_built_is_decoded_in_the_stage(stag
     assert [(r["split"], r["decoded"]) for r in got["records"]] == [("train", 1), ("val", 0)]
 
 
-SPEC = {
-    "epochs": 1,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {"mosaic": 0.0},
-    "cache": "ram",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": True,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(hyp={"mosaic": 0.0}, cache="ram", nosave=True)
 
 
 def test_a_stage_set_up_does_not_rebuild_the_cache(staged, tmp_path):

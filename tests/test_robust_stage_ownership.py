@@ -1,4 +1,4 @@
-"""One stage, one supervisor (issue 29 item 5): Snakemake killed with kill -9 leaves no stage process of its run,
+"""One stage, one supervisor: Snakemake killed with kill -9 leaves no stage process of its run,
 and a second supervisor never trains into a work folder a live one owns. Real processes: a real Snakemake running
 the real train_stage script on a tiny dataset, and owners that are other processes."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection
@@ -21,25 +22,7 @@ from stagedyolo.stage_plan import build_plan
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-SPEC = {
-    "epochs": 3,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "SGD",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=3, optimizer="SGD")
 # The workflow's own script, as the train_stage rule runs it, with only the inputs it reads.
 SNAKEFILE = f"""
 rule train_stage:

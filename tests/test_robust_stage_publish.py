@@ -1,4 +1,4 @@
-"""Publishing a stage (issue 29 items 7 and 25): a rerun's folder holds only its own run, the old folder goes only
+"""Publishing a stage: a rerun's folder holds only its own run, the old folder goes only
 once the new one is complete, and a kill while the work folder is removed still leaves a stage a rerun publishes.
 Real stages on a tiny dataset, stopped with SIGKILL in a process of their own."""
 
@@ -8,31 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from stage_specs import small_stage_spec
 
 from stagedyolo import stage
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan
 
-SPEC = {
-    "epochs": 1,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "SGD",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(optimizer="SGD")
 RULE_OUTPUTS = ("stage.json", "timing.json", "weights/last.pt", "results.csv", "continue.pt")
 
 STAGE_PROCESS = """

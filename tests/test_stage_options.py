@@ -5,6 +5,7 @@ import sys
 import pytest
 import yaml
 from snakemake_runner import REPO, make_workdir, snakemake
+from stage_specs import small_stage_spec
 
 from stagedyolo.config import ConfigError, check_config
 from stagedyolo.engine.options import YOLOV5_OPTIONS
@@ -13,25 +14,7 @@ from stagedyolo.stage_plan import build_plan
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-SPEC = {
-    "epochs": 3,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=3)
 
 # A value for each option that differs from yolov5's parse_opt default, so the test fails if it is not passed on.
 NON_DEFAULT = {

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 import yaml
+from stage_specs import small_stage_spec
 
 from stagedyolo import stage_plan as plan_module
 from stagedyolo.engine import checkpoint
@@ -16,25 +17,7 @@ from stagedyolo.stage import StageFailed, _finished_outcome, _prepare_work_dir
 from stagedyolo.stage_plan import build_plan, retry_batch
 
 PLAN = {"stage": "finetune", "epochs": 6, "batch": 16, "hyp": {"lr0": 0.0005}, "attempt": 1, "torch_threads": 1}
-SPEC = {
-    "epochs": 6,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "SGD",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=6, optimizer="SGD")
 PLAN_SETTINGS = dict(stage="finetune", data="data.yaml", weights=None, cfg="yolov5n.yaml")
 
 
@@ -143,8 +126,8 @@ def test_a_restart_with_other_cores_resumes_with_this_machines_workers(tmp_path,
 
 
 def test_a_resumed_run_names_no_gpu_ids_to_yolov5(tmp_path):
-    """yolov5's select_device would write the stage's device "1" into CUDA_VISIBLE_DEVICES (issue 29 item 24): a
-    run resumed from an opt.yaml that a run before the fix wrote gets '' too, as a new run does."""
+    """yolov5's select_device would write the stage's device "1" into CUDA_VISIBLE_DEVICES: a
+    run resumed from an opt.yaml that names GPU ids (an older run's) gets '' too, as a new run does."""
     work = tmp_path / "work"
     plan = {**PLAN, "device": "1", "workers": 2, "cache": None}
     leave_interrupted_run(work, plan)
@@ -218,25 +201,7 @@ def test_a_retrained_input_checkpoint_changes_the_plans_identity(tmp_path):
 
     weights = tmp_path / "continue.pt"
     weights.write_bytes(b"first training")
-    spec = {
-        "epochs": 1,
-        "img": 64,
-        "batch": 8,
-        "workers": 0,
-        "freeze": 0,
-        "lr0": 0.01,
-        "optimizer": "SGD",
-        "hyp": {},
-        "cache": "none",
-        "amp": "auto",
-        "device": "cpu",
-        "val_period": 1,
-        "gpus": 1,
-        "sync_bn": False,
-        "plots": False,
-        "nosave": False,
-        "lr_scaling": "none",
-    }
+    spec = small_stage_spec(lr0=0.01, optimizer="SGD")
 
     def plan():
         return build_plan(

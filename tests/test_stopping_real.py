@@ -8,6 +8,7 @@ import time
 import pandas as pd
 import torch
 import yaml
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.hooks import FaultInjection
@@ -15,25 +16,7 @@ from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan
 from stagedyolo.status import run_status
 
-SPEC = {
-    "epochs": 3,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 1,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=3)
 
 
 def run(tmp_path, spec, stage, run_stages, weights=None):

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine.patches import NOMINAL_BATCH_EDIT, WARMUP_FLOOR_EDIT, EngineContext
@@ -11,25 +12,7 @@ from stagedyolo.engine.train_module import patched_source
 from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan
 
-SPEC = {
-    "epochs": 2,
-    "img": 64,
-    "batch": 4,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {"warmup_epochs": 0.5},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 2,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": True,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=2, batch=4, hyp={"warmup_epochs": 0.5}, val_period=2, nosave=True)
 
 
 def test_a_train_py_without_the_expected_lines_fails_loudly():

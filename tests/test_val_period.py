@@ -5,30 +5,13 @@ import json
 
 import pandas as pd
 import pytest
+from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan
 
-SPEC = {
-    "epochs": 7,
-    "img": 64,
-    "batch": 8,
-    "workers": 0,
-    "freeze": 0,
-    "lr0": 0.002,
-    "optimizer": "AdamW",
-    "hyp": {},
-    "cache": "none",
-    "amp": "auto",
-    "device": "cpu",
-    "val_period": 3,
-    "gpus": 1,
-    "sync_bn": False,
-    "plots": False,
-    "nosave": False,
-    "lr_scaling": "none",
-}
+SPEC = small_stage_spec(epochs=7, val_period=3)
 
 
 def test_val_period_validates_every_n_epochs_and_the_final_one(tmp_path):
