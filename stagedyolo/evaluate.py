@@ -51,7 +51,7 @@ def evaluate_for_rule(
     else:
         from stagedyolo.engine.job import engine_job
 
-        with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads):
+        with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads) as patches:
             result = run_val(
                 weights,
                 data_yaml,
@@ -63,6 +63,7 @@ def evaluate_for_rule(
                 out_dir=Path(metrics_json).parent / "val",
                 single_cls=single_cls,
             )
+        result["patches"] = patches
     write_json(metrics_json, result)
     Path(metrics_md).write_text(markdown(result))
     return result

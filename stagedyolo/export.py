@@ -50,7 +50,8 @@ def export_for_rule(
     out_dir = Path(comparison_json).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     model_pt = out_dir / "model.pt"  # yolov5 writes each format next to the weights it reads
-    with engine_job(out_dir.parent / "engine", log_path, threads), removed_on_exit(model_pt):
+    job = engine_job(out_dir.parent / "engine", log_path, threads, rows=("onnx_torchscript_exporter",))
+    with job as patches, removed_on_exit(model_pt):
         shutil.copy2(weights, model_pt)
         model = load_model(model_pt)
         size = stride_rounded(img, model)
@@ -80,6 +81,7 @@ def export_for_rule(
         "score_tolerance": settings["score_tolerance"],
         "formats": {fmt: {"file": str(outputs[fmt]), **check} for fmt, check in checks.items()},
         "passed": all(check["passed"] for check in checks.values()),
+        "patches": patches,
     }
     write_json(comparison_json, record)
     failed = [fmt for fmt, check in checks.items() if not check["passed"]]
@@ -127,9 +129,6 @@ def log_failed_checks(record: dict, failed: list[str], log_path: str) -> None:
 def run_exporter(model_pt: Path, img: int, formats: list[str], opset: int) -> dict:
     """yolov5.export.run on the CPU; returns {format: file}. yolov5 catches an exporter's exception and logs it, so a
     missing file is the only sign of failure."""
-    from stagedyolo.engine.compat import install_onnx_export
-
-    install_onnx_export()
     from yolov5 import export
 
     export.run(weights=str(model_pt.resolve()), imgsz=(img, img), include=tuple(formats), device="cpu", opset=opset)

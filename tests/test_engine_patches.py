@@ -72,6 +72,13 @@ def test_reproducible_applies_no_fast_row_and_fast_on_cpu_only_the_cpu_rows():
     )
 
 
+def test_a_job_names_only_rows_of_the_table():
+    from stagedyolo.engine.patches import apply_job_patches
+
+    with pytest.raises(ValueError, match="no such patch row"):
+        apply_job_patches(("onnx_exporter_typo",))  # refused before any row is applied to this process
+
+
 def test_a_stage_engine_mode_overrides_the_run_and_reaches_the_plan(tmp_path):
     from stagedyolo.recipe import stage_spec
 

@@ -162,7 +162,7 @@ def test_a_kill_during_checkpoint_writing_leaves_the_previous_checkpoint(tmp_pat
     writer = textwrap.dedent(f"""
         import time, torch
         from stagedyolo.engine import compat
-        compat.install()
+        compat.atomic_torch_save()
         torch.save({{"epoch": 1, "w": torch.ones(3)}}, {str(target)!r})
         class SlowToPickle:
             def __reduce__(self):

@@ -42,15 +42,6 @@ def quiet_engine_warnings() -> None:
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
 
-def install() -> None:
-    """All five, for a process that uses yolov5 without training a stage (the probe, export, test evaluation)."""
-    numpy_trapz()
-    pillow_getsize()
-    atomic_torch_save()
-    defer_imports()
-    sourceless_inspect()
-
-
 def sourceless_inspect() -> None:
     """Before yolov5 is imported: SOURCELESS_INSPECT_MODULE executes with an inspect.stack() that reads no source,
     and its `inspect` is then sourceless_inspect_module() (once per process)."""

@@ -55,6 +55,7 @@ class EngineContext:
     log_every: int = 1
     compile_applied: bool = False
     continuation: Continuation | None = None  # the worker sets it for a stage that hands over or continues
+    image_cache: list = field(default_factory=list)  # each loader's RAM-cache set-up (ram_cache_store)
 
     @property
     def cuda(self) -> bool:
@@ -71,7 +72,8 @@ class Patch:
     apply: Callable[[EngineContext], None]
     when: Callable[[EngineContext], str | None] = lambda ctx: None  # None: applies; else why it does not
     fast_only: bool = False
-    phase: str = "module"  # process: before yolov5 is imported; source: edits train.py; module: after import
+    # process: before yolov5 is imported; source: edits train.py; module: after import; job: where a job names it
+    phase: str = "module"
 
 
 # --------------------------------------------------------------------------------------------- guards
@@ -211,6 +213,26 @@ def _patience_off(ctx: EngineContext) -> None:
         return opt
 
     ctx.train.parse_opt = parse_opt_without_early_stop
+
+
+def _ram_cache_store(ctx: EngineContext) -> None:
+    from stagedyolo.dataset.image_store import serve_ram_cache
+
+    serve_ram_cache(ctx.plan.get("image_store"), ctx.image_cache)
+
+
+def _caches_in_ram(ctx: EngineContext) -> str | None:
+    return None if ctx.plan.get("cache") == "ram" else "no RAM cache: yolov5's loaders decode as usual"
+
+
+def _onnx_has_dynamo(ctx: EngineContext) -> str | None:
+    import inspect
+
+    import torch
+
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        return None
+    return "torch < 2.5 has only the TorchScript-based exporter"
 
 
 def _nonfinite_guard(ctx: EngineContext) -> None:
@@ -474,6 +496,16 @@ PATCHES: tuple[Patch, ...] = (
         _patience_off,
     ),
     Patch(
+        "ram_cache_store",
+        "yolov5.utils.dataloaders.LoadImagesAndLabels.__init__ (`--cache ram`)",
+        "yolov5 decodes every image again in each process that caches; the run's prebuilt store (cache_dataset) "
+        "serves them decoded, and each loader's set-up is timed (timing.json setup_detail)",
+        "cache: ram (a stage, the probe)",
+        "first epoch of a RAM-cached stage: benchmarks/results/image_store.json",
+        _ram_cache_store,
+        _caches_in_ram,
+    ),
+    Patch(
         "nonfinite_guard",
         "Callbacks on_train_batch_end (callbacks.stop_training)",
         "a NaN/Inf loss would otherwise train on for hours",
@@ -543,8 +575,20 @@ PATCHES: tuple[Patch, ...] = (
         _fused_supported,
         fast_only=True,
     ),
+    Patch(
+        "onnx_torchscript_exporter",
+        "torch.onnx.export (yolov5's export_onnx)",
+        "yolov5 calls it without `dynamo`; torch >= 2.9 then takes the dynamo exporter, which needs onnxscript and "
+        "fails inside yolov5's try_export",
+        "the export job, torch >= 2.5",
+        "none: the exporter yolov5 7.0 was written for",
+        lambda ctx: compat.install_onnx_export(),
+        _onnx_has_dynamo,
+        phase="job",
+    ),
 )
 
+# A stage applies these phases in order; "job" rows are applied only where a job names them (apply_job_patches).
 PHASES = ("process", "source", "module")
 SKIPPABLE = tuple(p.name for p in PATCHES if p.fast_only)
 # The rows that change how fast a training step runs (cuDNN's kernel choice, the model's memory format, the optimizer
@@ -584,6 +628,18 @@ def apply_patches(ctx: EngineContext, phases: tuple[str, ...] = PHASES) -> list[
             ctx.train = load_train(ctx.source_edits, ctx.module_names)
         report += [apply_row(patch, ctx) for patch in PATCHES if patch.phase == phase]
     return report
+
+
+def apply_job_patches(rows: tuple[str, ...] = (), plan: dict | None = None) -> list[dict]:
+    """For a process that uses yolov5 without training a stage (the probe, the export, the test evaluation): the
+    process rows, then the rows it names in ``rows`` (applied whatever their phase; ``plan`` holds what their guards
+    read, e.g. the probe's cache and image store). Call it before yolov5 is imported. Returns the rows' records."""
+    ctx = EngineContext(plan or {}, "cpu", False, None)
+    chosen = [p for p in PATCHES if p.phase == "process" or p.name in rows]
+    unknown = set(rows) - {p.name for p in chosen}
+    if unknown:
+        raise ValueError(f"no such patch row(s): {sorted(unknown)}")
+    return [apply_row(patch, ctx) for patch in chosen]
 
 
 def apply_row(patch: Patch, ctx: EngineContext) -> dict:

@@ -15,7 +15,6 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from stagedyolo.dataset.image_store import serve_ram_cache
 from stagedyolo.engine import compat
 from stagedyolo.engine.amp import decide_amp
 from stagedyolo.engine.checkpoint import nonfinite_checkpoints
@@ -55,9 +54,6 @@ def main(plan_path: str, plugins=()) -> int:
     window = TrialWindow.from_plan(plan)  # a tune trial: time the steady batches, then stop (stagedyolo.tune)
     if window:
         window.attach(callbacks)
-    image_cache: list[dict] = []
-    if plan.get("cache") == "ram":  # served from the run's prebuilt store when there is one; timed either way
-        serve_ram_cache(plan.get("image_store"), image_cache)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
     stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start, stall=gain_stall(plan))
@@ -95,7 +91,7 @@ def main(plan_path: str, plugins=()) -> int:
                 outcome["compile"] = compile_seconds(torch)
             outcome["validated_epochs"] = schedule.validated
             outcome["best_saved_epochs"] = schedule.best_saved
-            outcome["image_cache"] = image_cache
+            outcome["image_cache"] = engine.image_cache
             if window:
                 outcome["trial"] = window.result()
             outcome["stopped_by"] = stop.reason

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stagedyolo.engine import compat
 from stagedyolo.engine.amp import AMP_MIN_STEPS
-from stagedyolo.engine.patches import step_engine
+from stagedyolo.engine.patches import apply_job_patches, step_engine
 from stagedyolo.engine.worker import resolve_device
 from stagedyolo.probe.choice import decide
 from stagedyolo.probe.stages import stage_groups
@@ -44,17 +44,16 @@ WRITE_RESERVE_S = 0.3
 def main(request_path: str) -> int:
     started = time.perf_counter()
     request = json.loads(Path(request_path).read_text())
-    compat.install()  # before yolov5's first import: its import shims (seaborn deferred, sourceless inspect)
+    # Before yolov5's first import (its import shims act on imports still to come); a RAM cache is read from the
+    # run's store, as the stages do.
     compat.quiet_engine_warnings()
+    patches = apply_job_patches(("ram_cache_store",), {"cache": "ram", "image_store": request.get("image_store")})
     import torch
 
     torch.set_num_threads(max(request["thread_counts"]))
     from yolov5.utils.dataloaders import create_dataloader
     from yolov5.utils.loss import ComputeLoss  # noqa: F401  (imported here so its cost counts as import time)
 
-    from stagedyolo.dataset.image_store import serve_ram_cache
-
-    serve_ram_cache(request.get("image_store"), [])  # a RAM cache is read from the run's store, as the stages do
     import_s = time.perf_counter() - started
     cuda = resolve_device(request["device_setting"], torch.cuda.is_available()) != "cpu"
     device = torch.device(_torch_device(request["device_setting"]) if cuda else "cpu")
@@ -96,6 +95,7 @@ def main(request_path: str) -> int:
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
         "bf16_supported": bf16,
         "gpu_total_memory_bytes": total,
+        "patches": patches,
     }
     Path(request["out"]).write_text(json.dumps(result, indent=2))
     return 0

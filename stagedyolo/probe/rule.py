@@ -341,6 +341,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "max_memory_fraction": settings["max_memory_fraction"],
         },
         "notes": notes,
+        "patches": measured.get("patches"),  # the patch rows the probe's process applied
         "written_unix": round(time.time(), 3),
     }
 
