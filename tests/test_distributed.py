@@ -1,11 +1,10 @@
-"""Tests for stagedyolo.launch: stage commands, ports, LR scaling and the process supervisor (no GPU needed)."""
+"""Tests for stagedyolo.launch on one node: stage commands, the DDP timeout and the process supervisor (no GPU)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,12 +22,9 @@ from stagedyolo.launch import (
     LaunchError,
     bound_init_process_group_timeout,
     build_stage_command,
-    free_port,
     run_supervised,
-    scaled_lr0,
     supervise,
     visible_gpus,
-    yolov5_device,
 )
 
 # Signal, grace and timeout tests bound how long a process takes to end (tests/conftest.py).
@@ -36,25 +32,6 @@ pytestmark = pytest.mark.exclusive
 REPO = Path(__file__).resolve().parents[1]
 FAKE_JOB = Path(__file__).with_name("fake_ddp_job.py")
 WORKER = ["-m", "stagedyolo.engine.worker", "/runs/a/plan.json"]
-
-
-# ----------------------------------------------------------------------------------------------- ports
-
-
-def test_free_port_returns_the_preferred_port_when_it_is_free():
-    port = free_port(0)  # some free port, then ask for it by number
-    assert free_port(port) == port
-
-
-def test_free_port_picks_another_free_port_when_the_preferred_one_is_taken():
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        taken = holder.getsockname()[1]
-        port = free_port(taken)
-        assert port != taken
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", port))  # raises if it is not free
 
 
 # ----------------------------------------------------------------------------------------------- commands
@@ -118,11 +95,6 @@ def test_visible_gpus_reads_the_schedulers_choice_like_cuda_does():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at the first invalid id
 
 
-def test_yolov5_device_never_names_gpu_ids_that_yolov5_would_write_into_cuda_visible_devices():
-    assert yolov5_device(0) == "cpu"
-    assert yolov5_device(1) == yolov5_device(4) == ""
-
-
 @pytest.mark.parametrize(
     ("visible", "device", "gpus", "chosen"),
     [
@@ -170,20 +142,7 @@ def _option(argv, name):
     return argv[argv.index(name) + 1]
 
 
-# ----------------------------------------------------------------------------------------------- LR and timeout
-
-
-def test_lr_is_not_scaled_by_default():
-    assert scaled_lr0(0.01, 256, "none") == 0.01
-
-
-def test_linear_lr_scaling_follows_the_effective_batch_yolov5_steps_with():
-    assert scaled_lr0(0.01, 16, "linear") == pytest.approx(0.01)  # accumulate 4: already 64
-    assert scaled_lr0(0.01, 64, "linear") == pytest.approx(0.01)
-    assert scaled_lr0(0.01, 48, "linear") == pytest.approx(0.0075)  # accumulate rounds to 1
-    assert scaled_lr0(0.01, 256, "linear") == pytest.approx(0.04)
-    with pytest.raises(ValueError, match="lr_scaling must be one of none, linear"):
-        scaled_lr0(0.01, 64, "sqrt")
+# ----------------------------------------------------------------------------------------------------- timeout
 
 
 def test_init_process_group_gets_the_configured_timeout_unless_one_is_given(monkeypatch):

@@ -1,10 +1,14 @@
-"""The command line and environment that start one training stage on 1 or N GPUs (see docs/ddp.md)."""
+"""The command line and environment that start one training stage on 1 or N GPUs, on one node or several
+(see docs/ddp.md)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping, Sequence
+
+from .errors import LaunchError
+from .nodes import NodeLayout, slurm_layout, srun_command, srun_environment
 
 # Read by bound_init_process_group_timeout() in each rank: YOLOv5 calls init_process_group without a timeout.
 DDP_TIMEOUT_ENV = "STAGEDYOLO_DDP_TIMEOUT_S"
@@ -16,10 +20,6 @@ DEFAULT_RANK_SHUTDOWN_S = 5
 # Set beside CUDA_VISIBLE_DEVICES when the launcher narrowed it to exactly the stage's GPUs: the worker then names no
 # GPU ids to yolov5 (engine.worker.resolve_device), whose select_device would write them into CUDA_VISIBLE_DEVICES.
 STAGE_DEVICES_ENV = "STAGEDYOLO_STAGE_DEVICES"
-
-
-class LaunchError(ValueError):
-    """A stage's settings cannot be launched as asked; the message says what to change."""
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> list[str] | None:
@@ -38,20 +38,6 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> list[str] | None:
             break
         ids.append(entry)
     return ids
-
-
-def yolov5_device(gpus: int) -> str:
-    """The ``--device`` value for a stage with ``gpus`` GPUs: "cpu" for 0, else "" (the first visible GPU(s)).
-
-    Why not "0,1": YOLOv5's select_device writes ``--device`` into CUDA_VISIBLE_DEVICES before CUDA starts, so
-    "0,1" would replace the scheduler's "2,3" and train on physical GPUs 0 and 1, which another job may own.
-    With "" it leaves the variable alone; each DDP rank then takes cuda:LOCAL_RANK of the visible set, which
-    stage_gpu_env() narrows to exactly the stage's GPUs. "" falls back to CPU when CUDA is missing, so the worker
-    should check ``torch.cuda.device_count() >= gpus`` itself.
-    """
-    if gpus < 0:
-        raise LaunchError(f"gpus must be 0 (CPU) or more, not {gpus}")
-    return "cpu" if gpus == 0 else ""
 
 
 def explicit_gpu_indices(device: str | None) -> list[int] | None:
@@ -105,17 +91,19 @@ def _named_gpus(
     return [visible[index] for index in indices[:gpus]]
 
 
-def threads_per_rank(gpus: int, env: Mapping[str, str]) -> int:
-    """OMP threads for each rank: the job's thread budget split over its ranks, at least 1.
-
-    The budget is OMP_NUM_THREADS when the caller set it (Snakemake sets it to the rule's ``threads``), else the
-    CPUs this process may run on. Without a split, N ranks each start one thread per core and fight over them.
-    """
+def thread_budget(env: Mapping[str, str]) -> int:
+    """The cores a stage's job may use on its node: OMP_NUM_THREADS when the caller set it (Snakemake sets it to the
+    rule's ``threads``), else the CPUs this process may run on."""
     try:
-        budget = int(env.get("OMP_NUM_THREADS", ""))
+        return int(env.get("OMP_NUM_THREADS", ""))
     except ValueError:
-        budget = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, budget // max(gpus, 1))
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_rank(gpus: int, env: Mapping[str, str]) -> int:
+    """OMP threads for each rank: the job's thread budget on its node (thread_budget) split over the node's ranks,
+    at least 1. Without a split, N ranks each start one thread per core and fight over them."""
+    return max(1, thread_budget(env) // max(gpus, 1))
 
 
 def check_total_batch(batch: int, gpus: int, stage: str = "<stage>") -> None:
@@ -141,6 +129,7 @@ def build_stage_command(
     gpus: int,
     batch: int,
     *,
+    nodes: int = 1,
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
     port: int | None = None,
@@ -149,45 +138,66 @@ def build_stage_command(
     ddp_timeout_s: int = DEFAULT_DDP_TIMEOUT_S,
     rank_shutdown_s: int = DEFAULT_RANK_SHUTDOWN_S,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that run ``python *worker_args`` for one stage, through torchrun when gpus > 1.
+    """The argv and environment that run ``python *worker_args`` for one stage: directly for one process, through
+    torchrun when gpus > 1, and through srun starting torchrun on each node when nodes > 1.
 
     ``worker_args`` is what follows ``python`` for a single process, e.g. ``["-m", "stagedyolo.engine.worker",
-    "plan.json"]``. ``batch`` is the stage's total batch. With ``port=None`` the rendezvous store binds port 0, so
-    the OS picks a free port at the moment it listens and two stages on one host cannot race for the same port.
-    ``device``: the stage's device setting; explicit indices choose its GPUs among the visible ones (stage_gpu_env).
+    "plan.json"]``. ``gpus`` counts GPUs (ranks) per node, and ``batch`` is the stage's total batch over all
+    ``nodes * gpus`` ranks. One node: with ``port=None`` the rendezvous store binds port 0, so the OS picks a free
+    port at the moment it listens and two stages on one host cannot race for it. Several nodes: the stage runs in a
+    SLURM allocation and the port is fixed in advance (nodes.rendezvous_port). ``device``: the stage's device
+    setting; explicit indices choose its GPUs among the visible ones (stage_gpu_env), on every node alike.
     """
     if not worker_args:
         raise LaunchError("worker_args is empty: pass at least ['-m', 'stagedyolo.engine.worker', <plan>]")
     if gpus < 0:
         raise LaunchError(f"stages.{stage}.gpus must be 0 (CPU) or more, not {gpus}")
-    check_total_batch(batch, gpus, stage)
+    if nodes < 1 or (nodes > 1 and gpus < 1):
+        raise LaunchError(f"stages.{stage}.nodes is {nodes}: use 1, or more with gpus of 1 or more on each node")
+    check_total_batch(batch, nodes * gpus, stage)
 
-    child_env = dict(os.environ if env is None else env)
+    scheduler_env = dict(os.environ if env is None else env)
+    child_env = dict(scheduler_env)
     child_env.update(stage_gpu_env(gpus, child_env, stage, device))
     child_env["OMP_NUM_THREADS"] = str(threads_per_rank(gpus, child_env))
-    if gpus <= 1:
+    if gpus <= 1 and nodes == 1:
         return [python, *worker_args], child_env
 
+    _add_ddp_settings(child_env, ddp_timeout_s, rank_shutdown_s)
+    if nodes == 1:
+        return _torchrun_argv(python, worker_args, gpus, f"127.0.0.1:{0 if port is None else port}"), child_env
+    layout = slurm_layout(nodes, scheduler_env, stage, port)
+    agent = _torchrun_argv(python, worker_args, gpus, layout.endpoint, layout)
+    return [*srun_command(layout, thread_budget(scheduler_env)), *agent], srun_environment(child_env)
+
+
+def _add_ddp_settings(child_env: dict[str, str], ddp_timeout_s: int, rank_shutdown_s: int) -> None:
     child_env[DDP_TIMEOUT_ENV] = str(int(ddp_timeout_s))
     # 1 = a collective that times out or fails tears the rank down instead of leaving it hung (NCCL).
     child_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # An environment variable rather than --shutdown-timeout: older torchrun versions reject the flag.
     child_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(rank_shutdown_s))
-    argv = [
+
+
+def _torchrun_argv(
+    python: str, worker_args: Sequence[str], gpus: int, endpoint: str, layout: NodeLayout | None = None
+) -> list[str]:
+    """One torchrun agent: ``gpus`` ranks on its node; with a layout, one of the layout's agents, which meet at its
+    endpoint under the job's id (the agents of one stage, never another job's that reuses the port)."""
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    if layout:
+        rendezvous += ["--rdzv-id", layout.job_id]
+    return [
         python,
         "-m",
         "torch.distributed.run",
         "--nnodes",
-        "1",
+        str(layout.nodes if layout else 1),
         "--nproc-per-node",
         str(gpus),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{0 if port is None else port}",
+        *rendezvous,
         # A failed rank fails the stage; retrying is Snakemake's job (--retries), not torchrun's.
         "--max-restarts",
         "0",
         *worker_args,
     ]
-    return argv, child_env
