@@ -182,12 +182,17 @@ def _check_tracking(config: dict) -> list[str]:
 def _check_stage(config: dict, stage: str) -> list[str]:
     spec, problems = stage_spec(config, stage), []
     key = f"stages.{stage}"
-    if isinstance(spec["batch"], int) and spec["batch"] % spec["gpus"]:
-        lower = spec["batch"] - spec["batch"] % spec["gpus"]
+    nodes = spec.get("nodes") or 1
+    ranks = spec["gpus"] * nodes
+    if isinstance(spec["batch"], int) and spec["batch"] % ranks:
+        lower = spec["batch"] - spec["batch"] % ranks
+        over = f"{ranks} GPUs" + (f" ({nodes} nodes x {spec['gpus']})" if nodes > 1 else "")
         problems.append(
-            f"{key}.batch: {spec['batch']} is the total batch over {spec['gpus']} GPUs and must be a "
-            f"multiple of {spec['gpus']}: use {lower or spec['gpus']} or {lower + spec['gpus']}."
+            f"{key}.batch: {spec['batch']} is the total batch over {over} and must be a "
+            f"multiple of {ranks}: use {lower or ranks} or {lower + ranks}."
         )
+    if nodes > 1 and str(spec["device"]) == "cpu":
+        problems.append(f"{key}.nodes: {nodes} needs GPUs (device is cpu): set nodes: 1 or a GPU device.")
     try:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
@@ -210,11 +215,12 @@ def _check_handover(stage: str, spec: dict) -> list[str]:
 def _check_tune(stage: str, spec: dict) -> list[str]:
     """A tune trial runs the stage in one process: on a multi-GPU stage it would wait for ranks that never start,
     each trial until the 30-minute DDP timeout."""
-    if not (spec.get("tune") and spec["gpus"] > 1):
+    if not (spec.get("tune") and spec["gpus"] * (spec.get("nodes") or 1) > 1):
         return []
     key = f"stages.{stage}"
     return [
-        f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']}: each tune trial would hang until "
+        f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']} (nodes: {spec.get('nodes') or 1}): "
+        "each tune trial would hang until "
         "the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 (tune a copy of the stage on one "
         "GPU, then train on several with the settings it kept)."
     ]

@@ -20,6 +20,7 @@ STAGE_KEYS = (
     "device",
     "val_period",
     "gpus",
+    "nodes",
     "sync_bn",
     "lr_scaling",
     "start_from",

@@ -284,7 +284,7 @@ def _write_published(
     )
     ran = {
         **{k: plan[k] for k in ("img", "freeze", "workers", "torch_threads")},
-        "batch": plan["batch"] // plan["gpus"],
+        "batch": plan["batch"] // (plan["gpus"] * plan.get("nodes", 1)),
         "amp": outcome.get("amp"),
     }
     timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"])

@@ -51,7 +51,8 @@ class StagePlan(TypedDict, total=False):
     amp_source: str
     device: str
     val_period: int
-    gpus: int
+    gpus: int  # per node
+    nodes: int
     sync_bn: bool
     plots: bool
     nosave: bool
@@ -70,7 +71,7 @@ class StagePlan(TypedDict, total=False):
 class Resources(NamedTuple):
     """What a stage runs with on this machine, per rank: the probe predicts with these, the stage trains with them."""
 
-    batch: int  # total over the GPUs
+    batch: int  # total over every rank (nodes x gpus)
     workers: int
     torch_threads: int
     amp: Any  # True, False or "auto" (the worker decides auto from the device)
@@ -106,8 +107,9 @@ def resolve_resources(spec: dict, threads: int, probe_choice: dict | None = None
     GPU's batch; a stage's batch is the total over its GPUs; without a probe choice, 16 per GPU)."""
     choice = probe_choice or {}
     gpus = int(spec["gpus"])
-    workers, torch_threads = cpu_budget(threads, spec["workers"], choice, gpus=gpus)
-    batch = int(choice.get("batch", 16) * gpus) if spec["batch"] == "auto" else int(spec["batch"])
+    ranks = gpus * int(spec.get("nodes") or 1)
+    workers, torch_threads = cpu_budget(threads, spec["workers"], choice, gpus=gpus)  # a node's share per rank
+    batch = int(choice.get("batch", 16) * ranks) if spec["batch"] == "auto" else int(spec["batch"])
     if spec["amp"] == "auto" and "amp" in choice:
         reason = choice.get("amp_reason")
         return Resources(batch, workers, torch_threads, choice["amp"], f"probe ({reason})" if reason else "probe")
@@ -162,6 +164,7 @@ def build_plan(
         device=str(spec["device"]),
         val_period=spec["val_period"],
         gpus=spec["gpus"],
+        nodes=int(spec.get("nodes") or 1),
         sync_bn=spec["sync_bn"],
         plots=spec["plots"],
         nosave=spec["nosave"],

@@ -67,12 +67,14 @@ def launch_worker(plan: StagePlan, env: dict, log, work_dir: Path, telemetry_int
 
 def worker_command(plan: StagePlan, plan_path: Path, env: dict) -> tuple[list[str], dict]:
     """The worker's argv and environment: on the GPUs the stage's device names among the visible ones (explicit
-    indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable)."""
+    indices count the scheduler's GPUs; the worker then names none to yolov5, which would overwrite the variable),
+    on each of the plan's nodes (one torch.distributed.run per node of the SLURM allocation)."""
     gpus = 0 if plan["device"] == "cpu" else plan["gpus"]
     return build_stage_command(
         ["-m", "stagedyolo.engine.worker", str(plan_path)],
         gpus,
         plan["batch"],
+        nodes=plan.get("nodes", 1),
         env=env,
         stage=plan["stage"],
         device=plan["device"],

@@ -107,3 +107,36 @@ def test_linear_lr_scaling_follows_the_effective_batch_yolov5_steps_with():
     assert scaled_lr0(0.01, 256, "linear") == pytest.approx(0.04)
     with pytest.raises(ValueError, match="lr_scaling must be one of none, linear"):
         scaled_lr0(0.01, 64, "sqrt")
+
+
+def test_a_stage_across_nodes_plans_its_total_batch_over_every_rank_and_launches_on_each_node(tmp_path):
+    from stage_specs import small_stage_spec
+
+    from stagedyolo.stage_plan import build_plan
+    from stagedyolo.worker_launch import worker_command
+
+    spec = small_stage_spec(nodes=2, gpus=2, batch="auto", device="cuda", workers=1)
+    plan = build_plan(
+        spec,
+        stage="s",
+        data=tmp_path / "d.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=8,
+        work_dir=tmp_path / "w",
+        probe_choice={"batch": 8},
+    )
+    assert (plan["nodes"], plan["gpus"], plan["batch"]) == (2, 2, 32)  # the probe's per-GPU 8 on 4 ranks
+    env = {"SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_NNODES": "2"}
+    argv, _ = worker_command(plan, tmp_path / "plan.json", env)
+    assert argv[0] == "srun" and "--nnodes" in argv and argv[argv.index("--nnodes") + 1] == "2"
+
+
+def test_a_batch_that_does_not_divide_over_every_node_and_gpu_is_refused_at_config_check():
+    from stagedyolo.config import _check_stage
+
+    config = {"stages": {"s": {"batch": 12, "gpus": 2, "nodes": 4}}, "stage_defaults": {"lr0": 0.01, "hyp": {}}}
+    config["device"] = "cuda"
+    problems = _check_stage(config, "s")
+    assert any("total batch over 8 GPUs (4 nodes x 2)" in p and "use 8 or 16" in p for p in problems), problems

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from stagedyolo.engine import compat
 from stagedyolo.engine.continuation import Continuation
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLossGuard, ValidationSchedule, register
+from stagedyolo.engine.stopping import EpochStop, GainStall
 from stagedyolo.engine.train_module import load_train
 
 MODES = ("fast", "reproducible")
@@ -56,6 +57,8 @@ class EngineContext:
     compile_applied: bool = False
     continuation: Continuation | None = None  # the worker sets it for a stage that hands over or continues
     image_cache: list = field(default_factory=list)  # each loader's RAM-cache set-up (ram_cache_store)
+    started_at: float = 0.0  # the stage process's start: a time budget counts from it
+    stop: EpochStop | None = None  # what ends the stage early (epoch_stop)
 
     @property
     def cuda(self) -> bool:
@@ -204,15 +207,11 @@ def _val_period(ctx: EngineContext) -> None:
     register(ctx.schedule, ctx.callbacks)
 
 
-def _patience_off(ctx: EngineContext) -> None:
-    parse_opt = ctx.train.parse_opt
-
-    def parse_opt_without_early_stop(*args, **kwargs):
-        opt = parse_opt(*args, **kwargs)
-        opt.patience = 0  # "never" in yolov5's EarlyStopping
-        return opt
-
-    ctx.train.parse_opt = parse_opt_without_early_stop
+def _epoch_stop(ctx: EngineContext) -> None:
+    ctx.stop = EpochStop(
+        ctx.plan.get("time_budget_s"), ctx.schedule, started_at=ctx.started_at, stall=GainStall.for_plan(ctx.plan)
+    )
+    ctx.train.EarlyStopping = ctx.stop.early_stopping
 
 
 def _ram_cache_store(ctx: EngineContext) -> None:
@@ -487,13 +486,15 @@ PATCHES: tuple[Patch, ...] = (
         _val_period,
     ),
     Patch(
-        "patience_off",
-        "train.parse_opt (opt.patience = 0)",
-        "yolov5's default patience of 100 epochs applies whether or not the stage sets one; a stage's own "
-        "`patience` (stagedyolo.engine.stopping, judged on validated epochs) replaces it",
-        "always",
-        "no effect on a stage shorter than yolov5's patience of 100 epochs",
-        _patience_off,
+        "epoch_stop",
+        "train.EarlyStopping",
+        "yolov5's EarlyStopping counts epochs since the best fitness whatever was validated (with val_period > 1 it "
+        "stops on an epoch nobody validated); EpochStop (stagedyolo.engine.stopping) stands in: the stage's own "
+        "`patience` on validated epochs, its time budget and its handover on stall, each ending the stage at an "
+        "epoch boundary through yolov5's own exit",
+        "always (a stage that sets no patience, time budget or handover never stops early)",
+        "tests/test_stopping_real.py: patience counts validated epochs only",
+        _epoch_stop,
     ),
     Patch(
         "ram_cache_store",

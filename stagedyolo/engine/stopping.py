@@ -5,8 +5,8 @@ yolov5 7.0's train.py builds `stopper = EarlyStopping(patience=opt.patience)`. E
 after, saves the checkpoint (a final epoch is saved even with nosave), then breaks out of the epoch loop when `stop`
 (broadcast to every DDP rank) and runs its normal ending: strip the optimizer, validate best.pt, on_train_end. That
 is the one clean exit at an epoch boundary: `callbacks.stop_training` is read after a batch and returns from train()
-at once, with no final validation and an unstripped last.pt. So the worker replaces train.EarlyStopping with
-`EpochStop.early_stopping`, which hands yolov5 this object instead.
+at once, with no final validation and an unstripped last.pt. So the patch table's `epoch_stop` row replaces
+train.EarlyStopping with `EpochStop.early_stopping`, which hands yolov5 this object instead.
 
 Why not yolov5's own EarlyStopping: it counts epochs since the best fitness whatever the fitness is. With val_period
 a skipped epoch's fitness is NaN (ValidationSchedule), never >= the best, so it would stop on an epoch nobody
@@ -31,6 +31,13 @@ class GainStall:
         self.fraction, self.fitness_before = fraction, fitness_before
         self.last: tuple[float, float] | None = None
         self.figures: list[dict] = []
+
+    @classmethod
+    def for_plan(cls, plan: dict) -> GainStall | None:
+        """The stage's handover rule (handover_on_stall), from the fitness the previous stage handed over."""
+        if not plan.get("handover_on_stall"):
+            return None
+        return cls(plan["handover_on_stall"], plan.get("fitness_before"))
 
     def begin(self, train_started: float) -> None:
         if self.fitness_before is not None:

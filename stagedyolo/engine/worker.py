@@ -21,7 +21,7 @@ from stagedyolo.engine.checkpoint import nonfinite_checkpoints
 from stagedyolo.engine.continuation import Continuation, handover_path, read_handover
 from stagedyolo.engine.hooks import NonFiniteLoss, close_engine_loggers, register
 from stagedyolo.engine.patches import EngineContext, apply_patches, compile_seconds, engine_settings
-from stagedyolo.engine.stopping import STALL, EpochStop, GainStall
+from stagedyolo.engine.stopping import STALL
 from stagedyolo.engine.trial import TrialWindow
 from stagedyolo.jsonio import write_json
 from stagedyolo.launch import STAGE_DEVICES_ENV, exit_when_parent_dies, explicit_gpu_indices
@@ -46,7 +46,7 @@ def main(plan_path: str, plugins=()) -> int:
     import torch
 
     torch.set_num_threads(plan["torch_threads"])
-    engine, patches, amp, continuation = load_engine(plan, torch)
+    engine, patches, amp, continuation = load_engine(plan, torch, process_start)
     device, callbacks = engine.device, engine.callbacks
     train, schedule, guard = engine.train, engine.schedule, engine.guard
     for plugin in plugins:
@@ -56,8 +56,7 @@ def main(plan_path: str, plugins=()) -> int:
         window.attach(callbacks)
     timer = StageTimer(cuda=device != "cpu", process_start=process_start)
     timer.register(callbacks)
-    stop = EpochStop(plan.get("time_budget_s"), schedule, started_at=process_start, stall=gain_stall(plan))
-    train.EarlyStopping = stop.early_stopping  # patience and time budget end a stage at an epoch boundary
+    stop = engine.stop  # patience, time budget and handover end a stage at an epoch boundary (the epoch_stop row)
     register(stop, callbacks)
     register(ProgressReport(plan, timer, schedule, stop), callbacks)
 
@@ -121,7 +120,7 @@ def _trained_checkpoints(work_dir: Path) -> list[Path]:
     return [last, handover_path(last)]
 
 
-def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict, dict | None]:
+def load_engine(plan: dict, torch, started_at: float = 0.0) -> tuple[EngineContext, list[dict], dict, dict | None]:
     """The engine for ``plan``: AMP decided, then every change to yolov5's behaviour (stagedyolo.engine.patches)
     applied, the process rows before anything of yolov5 is imported (its import shims act only on imports still to
     come), the others on yolov5's Callbacks and train module. In between, a continuing stage takes up what the
@@ -139,6 +138,7 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict, dic
         amp_dtype=amp["dtype"],
         torch=torch,
         continuation=Continuation(plan["weights"] if plan.get("continues") else None, plan.get("optimizer", "SGD")),
+        started_at=started_at,
         **engine_settings(plan),
     )
     patches = apply_patches(engine, phases=("process",))
@@ -147,13 +147,6 @@ def load_engine(plan: dict, torch) -> tuple[EngineContext, list[dict], dict, dic
 
     engine.callbacks = Callbacks()  # never yolov5's shared default instance
     return engine, patches + apply_patches(engine, phases=("source", "module")), amp, taken_up
-
-
-def gain_stall(plan: dict) -> GainStall | None:
-    """The stage's handover rule (handover_on_stall), starting from the fitness the previous stage handed over."""
-    if not plan.get("handover_on_stall"):
-        return None
-    return GainStall(plan["handover_on_stall"], plan.get("fitness_before"))
 
 
 def take_up_plan(plan: dict, torch) -> dict | None:
@@ -231,8 +224,8 @@ def build_opt(train, plan: dict, device: str):
     opt.nosave = plan["nosave"]
     opt.sync_bn = plan["sync_bn"]
     opt.optimizer = plan.get("optimizer", "SGD")
-    # The stage's yolov5 options, under yolov5's names (plan.YOLOV5_OPTIONS). patience reaches the EarlyStopping
-    # that train.py builds from opt, which the worker replaces with EpochStop (validated epochs only).
+    # The stage's yolov5 options, under yolov5's names (options.YOLOV5_OPTIONS). patience reaches the EarlyStopping
+    # that train.py builds from opt, which the epoch_stop row replaces with EpochStop (validated epochs only).
     opt.patience = 0  # an older plan without options: never stop early
     for key, value in plan.get("options", {}).items():
         if not hasattr(opt, key):  # a yolov5 other than 7.0.14 renamed it: fail instead of silently ignoring it

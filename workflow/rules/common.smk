@@ -100,12 +100,18 @@ def get_stage_gate(wildcards):
 
 def get_stage_params(wildcards):
     """Everything the stage's job reads from the config (stagedyolo.recipe.stage_inputs); Snakemake reruns the stage
-    when it changes. (The run's outline, for the progress line's ETA, is read beside it and decides nothing.)"""
+    when it changes. (The run's outline, for the progress line's ETA, is read beside it and decides nothing.)
+    """
     return stage_inputs(config, wildcards.stage)
 
 
 def get_stage_gpus(wildcards):
     return stage_spec(config, wildcards.stage)["gpus"]
+
+
+def get_stage_nodes(wildcards):
+    """The nodes of the stage's allocation (a cluster executor's `nodes` resource; a local run ignores it)."""
+    return stage_spec(config, wildcards.stage)["nodes"] or 1
 
 
 def get_attempt(wildcards, attempt):

@@ -24,6 +24,7 @@ rule train_stage:
     threads: get_train_threads()
     resources:
         gpu=get_stage_gpus,
+        nodes=get_stage_nodes,
         attempt=get_attempt,
     params:
         inputs=get_stage_params,
