@@ -1,15 +1,17 @@
 """tune: verify the diagnosis's top advice on the real stage settings before the stage trains.
 
-``stages.<stage>.tune: true`` runs, before the stage, two short trials, each a separate worker process (yolov5 keeps
-global state) with the stage's own plan (data, weights, image size, freeze, batch, workers, cache, amp):
+``stages.<stage>.tune: true`` runs, before the stage, one to three short trials, each a separate worker process
+(yolov5 keeps global state) with the stage's own plan (data, weights, image size, freeze, batch, workers, cache, amp):
 
 1. baseline: the stage as configured. Its timing is diagnosed; the top finding a short window can measure (a change
    of workers, batch, cache or amp; not validation or checkpoints) is the candidate.
 2. advice: the stage with that change.
+3. advice2, only when the advice was not kept: the alternative its finding lists (at most ``MAX_ADVICE_TRIALS``
+   advice trials). Only the baseline runs when no finding can be measured or the change leaves the plan as it is.
 
 Each trial skips its warm-up batches (at least the loader's prefetched ones) and times the next ``measure_batches``
 batches: the steady images/s. The change is kept only when it measured at least ``min_measured_gain`` (5 %) faster;
-the stage then trains with it. The record (both trials, before and after, and the seconds tune cost) goes into
+the stage then trains with it. The record (every trial, before and after, and the seconds tune cost) goes into
 stage.json, timing.json (``tune``) and the diagnosis. Without tune, advice is labelled unverified.
 """
 

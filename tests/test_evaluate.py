@@ -4,8 +4,8 @@ The real evaluation on real weights runs in test_pipeline_e2e (with a split) and
 import json
 
 import numpy as np
+from dataset_testing import make_dataset, tree_sha256
 
-from stagedyolo.dataset.testing import make_dataset, tree_sha256
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.evaluate import evaluate_for_rule, instance_counts, markdown, per_class
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dataset_testing import jpeg_without_eoi, tree_sha256
 from snakemake_runner import make_workdir, snakemake
 
-from stagedyolo.dataset.testing import jpeg_without_eoi, tree_sha256
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 
 pytestmark = pytest.mark.e2e
