@@ -13,6 +13,7 @@ from pathlib import Path
 
 from stagedyolo.jsonio import read_json
 from stagedyolo.telemetry.summary import finite as _num
+from stagedyolo.yolov5_facts import MAP50_COLUMN
 
 PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
 FILES = {
@@ -37,10 +38,10 @@ def read_results(path) -> dict:
         return {"epoch": [], "map50": []}
     df = pd.read_csv(p, skipinitialspace=True)
     df.columns = [c.strip() for c in df.columns]
-    if "metrics/mAP_0.5" not in df.columns:
+    if MAP50_COLUMN not in df.columns:
         return {"epoch": [], "map50": []}
     ep = [int(_num(e)) if _num(e) is not None else i for i, e in enumerate(df.get("epoch", range(len(df))))]
-    return {"epoch": ep, "map50": [_num(v) for v in pd.to_numeric(df["metrics/mAP_0.5"], errors="coerce")]}
+    return {"epoch": ep, "map50": [_num(v) for v in pd.to_numeric(df[MAP50_COLUMN], errors="coerce")]}
 
 
 def read_telemetry_series(path) -> dict:

@@ -26,6 +26,7 @@ from stagedyolo.dataset.image_store import build_store, drop_stores
 from stagedyolo.dataset.validate import DatasetError, list_split_images
 from stagedyolo.envcheck import tee_log
 from stagedyolo.ownership import is_owned, locked, temp_path
+from stagedyolo.yolov5_facts import trained_img
 
 NPY_HEADER_BYTES = 128  # np.save's header for a plain uint8 array
 CACHE_SPLITS = ("train", "val")  # the loaders train.py builds, both with the --cache setting
@@ -284,11 +285,6 @@ def cache_dataset(
     return decision
 
 
-def store_size(img: int) -> int:
-    """The size yolov5 really trains at: check_img_size rounds img up to a multiple of the stride (32)."""
-    return math.ceil(img / 32) * 32
-
-
 def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) -> dict:
     """Build the image store (stagedyolo.dataset.image_store) in the working copy when its files fit on the cache
     dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}. A store no stage will read
@@ -300,7 +296,7 @@ def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) 
             "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
             "removed": drop_stores(root),
         }
-    sizes = sorted({store_size(s) for s in sizes})
+    sizes = sorted({trained_img(s) for s in sizes})  # the size yolov5 really trains at
     # The RAM estimate is for the largest size; smaller sizes need less. Train and val stores hold one copy each.
     need = decision["ram_needed_bytes"] * len(sizes)
     if need > decision["disk_budget_bytes"]:
