@@ -330,7 +330,7 @@ def stage_dataset_copy(data_yaml: Path, dest: Path) -> Path:
 def run_one_stage(
     stage: str, overrides: dict, *, data: Path, weights: str, workdir: Path, name: str, threads: int = 2
 ) -> dict:
-    """One stage of the default config (plus `overrides`) through stagedyolo.stage.build_plan/run_stage, as the
+    """One stage of the default config (plus `overrides`) through stagedyolo.stage_plan.build_plan/run_stage, as the
     train_stage rule runs it. Returns {wall_s, timing, stage_json}."""
     import yaml
 

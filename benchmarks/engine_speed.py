@@ -7,7 +7,7 @@ pretrained.pt: `--epochs` (3) epochs, img 128, batch 16, 1 loader worker + 1 tor
 the complete hyp of the default config's stage_defaults, nominal_batch 64 and min_warmup_iters 100 (yolov5's own
 constants, which bare yolov5 cannot change), no cache, no plots, validation every epoch, seed 0, CPU.
 - bare: `python -m yolov5.train` with those options, OMP_NUM_THREADS=1, the engine's offline environment.
-- reproducible / fast / fast-minus-<row>: one stage each through stagedyolo.stage.build_plan + run_stage (what the
+- reproducible / fast / fast-minus-<row>: one stage each through stagedyolo.stage_plan.build_plan + run_stage (what the
   train_stage rule runs), the engine section of the plan set per variant.
 The variants run in rounds; the order rotates each round (>= 3 rounds: the spread is reported).
 

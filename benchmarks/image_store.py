@@ -1,6 +1,6 @@
 """Stage set-up with the RAM cache served from the run's image store vs rebuilt by yolov5 in the stage.
 
-Same stage, interleaved (order alternates each round), through stagedyolo.stage.build_plan/run_stage as the
+Same stage, interleaved (order alternates each round), through stagedyolo.stage_plan.build_plan/run_stage as the
 train_stage rule runs it: the demo target set (256 train + 64 val images of 160 px), staged; img 128, batch 16,
 1 epoch from yolov5n.yaml, cache ram, 1 loader worker + 1 torch thread (2 cores).
 

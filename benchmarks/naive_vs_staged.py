@@ -31,7 +31,7 @@ Sides, in every repeat:
   frozen `--det-frozen`, finetune `--det-finetune` at lr0/4, all at `--det-img`, as the 2026-12 benchmark ran it).
 - `control` (the fair control): one stage with the staged config's stage_defaults (the same optimizer, hyp, lr0,
   nominal_batch, min_warmup_iters, warmup, batch), freeze 0, validated every epoch, at the evaluation size, from the
-  same pretrained.pt, run by stagedyolo.stage.build_plan + run_stage (the adapter the train_stage rule runs, without
+  same pretrained.pt, run by stage_plan.build_plan + stage.run_stage (the adapter the train_stage rule runs, without
   Snakemake or the probe), with the CPU split, batch and cache the most recent staged run of that dataset used (its
   probe's choice and cache decision). Epoch budgets `--demo-budgets` / `--det-budgets`: each is a full run, so its LR
   schedule completes; per target the control's time is the best (shortest) of its budgets. Clock: from run_stage's

@@ -1,7 +1,7 @@
 """Is the probe's choice faster than the defaults it replaces? The same short stage, side by side.
 
 Workload: the built-in demo (256 train / 64 val images, generated in a temp dir), yolov5n from its yaml, one stage of
-`--epochs` epochs at `--img` px, planned by `stagedyolo.stage.build_plan` and run by `run_stage` (the real worker
+`--epochs` epochs at `--img` px, planned by `stagedyolo.stage_plan.build_plan` and run by `run_stage` (the real worker
 process, as the pipeline runs it). First the probe runs (config/config.yaml's probe settings) at that image size;
 then two plans of the same stage alternate, in rotating order (A B, B A, ...), so load from other processes on a
 shared machine drifts over both. The stage is config/config.yaml's stage_defaults as they are: what the probe may

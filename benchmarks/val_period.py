@@ -1,5 +1,5 @@
 """val_period: the same stage with validation every epoch (val_period 1) vs every 5th (val_period 5, plus the final
-epoch), interleaved, through stagedyolo.stage.build_plan/run_stage (as the train_stage rule runs it).
+epoch), interleaved, through stagedyolo.stage_plan.build_plan/run_stage (as the train_stage rule runs it).
 
 Stage: the default config's `frozen` settings (freeze 10, AdamW, img 128, batch 16, stage_defaults hyp) for 10
 epochs from the demo's pretrained.pt, on a staged copy of the demo target set, 2 cores (1 worker + 1 torch thread).
