@@ -258,13 +258,15 @@ def _amp_on(amp) -> bool | None:
 
 
 def _memory_share(gpu: dict) -> float | None:
-    if not gpu.get("available"):
-        share = None
-    else:
-        share = _num(gpu.get("peak_memory_share"))
+    share = _num(gpu.get("peak_memory_share")) if gpu.get("available") else None
     if share is None and _num(gpu.get("torch_peak_reserved_mb")) and _num(gpu.get("torch_total_mb")):
         share = gpu["torch_peak_reserved_mb"] / gpu["torch_total_mb"]  # CUDA without NVML: torch's own figure
     return share
+
+
+def _cache_mode(value) -> str:
+    mode = (value or "").lower()
+    return "" if mode == "none" else mode  # "ram", "disk" or ""
 
 
 def _cache_estimate_mb(timing) -> float | None:
@@ -298,6 +300,13 @@ def defining_settings(plan: dict | None) -> dict[str, str]:
     return out
 
 
+def judged_on_validations(config: dict) -> dict[str, str]:
+    """val_period defines a stage whose own stopping reads its validations (patience, handover_on_stall)."""
+    if config.get("handover_on_stall") or (_int(config.get("patience")) or 0) > 0:
+        return {"val_period": "its validations, by which patience or handover_on_stall judge the stage"}
+    return {}
+
+
 def read_facts(timing: dict, stage: str | None = None, measured: dict | None = None, plan: dict | None = None):
     cfg, gpu, cpu, dw, eps = timing["config"], timing["gpu"], timing["cpu"], timing["data_wait"], timing["epochs"]
     has_gpu = bool(gpu.get("available"))
@@ -323,7 +332,7 @@ def read_facts(timing: dict, stage: str | None = None, measured: dict | None = N
         img=_int(cfg.get("img")),
         amp=_amp_on(cfg.get("amp")),
         amp_setting=cfg.get("amp"),
-        cache=(cfg.get("cache") or "").lower().replace("none", ""),
+        cache=_cache_mode(cfg.get("cache")),
         nosave=cfg.get("nosave") is True,
         plots=cfg.get("plots"),
         epochs=_int(cfg.get("epochs")) or len(eps),
@@ -340,7 +349,7 @@ def read_facts(timing: dict, stage: str | None = None, measured: dict | None = N
         cache_estimate_mb=_cache_estimate_mb(timing),
         oom_attempts=tuple(a for a in timing.get("attempts") or [] if a.get("status") == "oom"),
         batch_rates=measured_batch_rates(timing, measured),
-        defining=defining_settings(plan),
+        defining={**defining_settings(plan), **judged_on_validations(cfg)},
     )
 
 
@@ -583,7 +592,8 @@ def data_loading_bound(f: Facts) -> list:
         return []
     workers, cache = more_workers(f), cache_change(f)
     if workers is not None:
-        levers, why = [f"stages.{f.stage}.workers: {workers}", cache], "the loader starves the step and a core is free"
+        levers = [f"stages.{f.stage}.workers: {workers}", *([cache] if cache else [])]
+        why = "the loader starves the step and a core is free"
     elif cache:
         levers, why = [cache], "the CPUs are busy (or workers are at the cap): skip JPEG decoding by caching"
     elif f.gpu and f.img:
@@ -602,7 +612,7 @@ def data_loading_bound(f: Facts) -> list:
     why += "" if f.gpu else "; judged on CPU-side evidence only (no GPU in this run)"
     share = f.data_wait_share * f.train_share
     gain = _gain(1 / (1 - f.data_wait_share), share, "upper bound: the step stops waiting for data")
-    return [finding(f, "data_loading_bound", evidence, [c for c in levers if c], why, share=share, gain=gain)]
+    return [finding(f, "data_loading_bound", evidence, levers, why, share=share, gain=gain)]
 
 
 def _not_a_loader_problem(f: Facts) -> str:
@@ -687,6 +697,10 @@ def _val_stall(f: Facts, share: float):
     validated = [e for e in f.epoch_rows if e.get("validated")] or f.epoch_rows
     val_s = sum(e["val_s"] for e in validated) / len(validated)
     rest_s = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in f.epoch_rows) / len(f.epoch_rows)
+    if "val_period" in f.defining:
+        return NotEvaluated(
+            "periodic_stalls", f"val takes {100 * share:.0f} % of the epoch loop; {f.defining['val_period']}"
+        )
     now, epochs, target = f.val_period, f.epochs, T("val_target_share")
     period = None
     if rest_s > 0 and epochs >= 2:  # the smallest period > now that brings validation near val_target_share
@@ -735,7 +749,9 @@ def periodic_stalls(f: Facts) -> list:
         return skipped
     worst = max(advice, key=shares.get)
     levers = [advice[worst][0]] + [change for k, (change, _) in advice.items() if k != worst]
-    evidence = {f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if k in advice else "<=") for k in STALLS}
+    evidence = {
+        f"{k}_share": _ev(shares[k], T(f"{k}_share"), ">" if shares[k] > T(f"{k}_share") else "<=") for k in STALLS
+    }
     why = f"{worst} takes {100 * shares[worst]:.0f} % of the epoch loop"
     basis = f"measured {worst} share of the epoch loop, times the share of it the change removes"
     gain = _gain(None, advice[worst][1], basis)
@@ -860,7 +876,7 @@ def verdict_line(stage, findings) -> str:
 
 def _costly_advice(findings) -> list[str]:
     """Every advised change with a trade-off but the top finding's own change, as ``setting: value (cost)``."""
-    changes = [a for a in findings[0]["also"]] + [c for x in findings[1:] for c in (x["change"], *x["also"])]
+    changes = list(findings[0]["also"]) + [c for x in findings[1:] for c in (x["change"], *x["also"])]
     out = []
     for change in changes:
         trade_off = trade_off_of(change)

@@ -5,8 +5,11 @@ import json
 
 from stagedyolo.diagnosis import (
     THRESHOLDS,
+    defining_settings,
     diagnose,
     diagnosis_markdown,
+    finding,
+    read_facts,
     thresholds_markdown,
     verdict_line,
     write_diagnosis,
@@ -57,6 +60,8 @@ def timing(
     avail=50000.0,
     total=64000.0,
     threads=None,
+    dws_all=None,
+    patience=None,
 ):
     eps = epochs or [ep(i) for i in range(5)]
     dw = sum(e["data_wait_s"] for e in eps)
@@ -80,7 +85,12 @@ def timing(
             "steady_epochs": [1, 2, 3, 4],
             "rank0_images_scale": 1,
         },
-        "data_wait": {"share": dws, "steady_share": dws, "data_wait_s": dw, "compute_s": cp},
+        "data_wait": {
+            "share": dws if dws_all is None else dws_all,
+            "steady_share": dws,
+            "data_wait_s": dw,
+            "compute_s": cp,
+        },
         "first_epoch_overhead": feo,
         "first_epoch_overhead_reason": None,
         "gpu": {
@@ -122,6 +132,7 @@ def timing(
             "gpus": 1 if gpu else 0,
             "val_period": None,
             "plots": False,
+            "patience": patience,
         },
         "attempts": [],
         "telemetry": {"samples": 50, "window_samples": 40, "gpu_status": "ok", "sampler": None},
@@ -134,6 +145,17 @@ def timing(
 
 def codes(f):
     return [x["code"] for x in f]
+
+
+def plan(stage="fine", img=640, freeze=0, last_img=800):
+    """The stage's plan (stage.json) as far as the diagnosis reads it: by default an early phase at a cheaper size
+    than the run's last stage, so neither its image size nor its (absent) frozen layers define it."""
+    outline = [{"stage": stage, "epochs": 5, "img": img}, {"stage": "last", "epochs": 2, "img": last_img}]
+    return {"stage": stage, "img": img, "freeze": freeze, "run_stages": outline}
+
+
+EARLY = plan()
+TARGET = plan(last_img=640)  # the stage trains at the run's largest size: its image size defines it
 
 
 def test_healthy():
@@ -163,7 +185,7 @@ def test_an_image_size_change_says_it_changes_what_is_trained_and_a_loader_chang
     """Busy CPUs with images already cached leave the image size as the loader's lever: advised, with its cost on
     accuracy in the finding, the log line and diagnosis.md; never tried by tune. More workers costs nothing. nosave's
     advice is the exact config line, its cost (no resume mid-stage) beside it."""
-    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, cache="ram"))
+    f = diagnose(timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, cache="ram"), plan=EARLY)
     assert f[0]["change"] == "stages.fine.img: 480" and f[0]["candidate"] is None
     assert f[0]["trade_off"]["summary"] == "changes what is trained" and "mAP" in f[0]["trade_off"]["detail"]
     assert "changes what is trained" in verdict_line("fine", f)
@@ -177,8 +199,8 @@ def test_an_image_size_change_says_it_changes_what_is_trained_and_a_loader_chang
 
 
 def test_low_util_without_a_measurement_is_host_bound_not_batch_too_small():
-    # Changed by issue 12: "GPU idle + loader keeps up" used to advise a bigger batch; on an H200 that advice made
-    # every stage slower. Without a measurement at the bigger batch it is now the host-bound class.
+    # "GPU idle + loader keeps up" once advised a bigger batch; on an H200 that advice made every stage slower.
+    # Without a measurement at the bigger batch it is the host-bound class.
     f = diagnose(timing(util=35.0, mem=0.2, batch=16, dws=0.01))
     assert codes(f) == ["host_bound_step"]
     assert f[0]["change"] == "stages.fine.tune: true" and f[0]["candidate"] == {"batch": 64}  # 0.8 / 0.2 = 4x
@@ -222,7 +244,7 @@ def test_memory_headroom_alone_advises_nothing_unmeasured():
 def test_memory_bound_amp_first_then_img():
     f = diagnose(timing(mem=0.96, amp=False, batch=8))
     assert f[0]["code"] == "memory_bound" and f[0]["change"] == "stages.fine.amp: true"
-    f = diagnose(timing(mem=0.96, amp=True, batch=8, img=640))
+    f = diagnose(timing(mem=0.96, amp=True, batch=8, img=640), plan=EARLY)
     assert f[0]["change"] == "stages.fine.img: 480"
     f = diagnose(timing(mem=0.96, amp=True, batch=64))
     assert f[0]["change"] == "stages.fine.batch: 32"
@@ -314,7 +336,7 @@ def test_cli_diagnose(tmp_path, capsys):
 
     (tmp_path / "timing.json").write_text(json.dumps(timing(feo=3.0)))
     assert main(["diagnose", str(tmp_path), "-q"]) == 0
-    # "(unverified)": issue 12 labels advice no measurement has verified (no tune trial ran)
+    # "(unverified)": advice no measurement has verified (no tune trial ran)
     assert capsys.readouterr().out.strip() == (
         "[fine] bottleneck: Slow first epoch (first_epoch_overhead 3 > 1.5) -> stages.fine.cache: ram (unverified)"
     )
@@ -332,3 +354,112 @@ def test_no_nosave_advice_for_a_stage_that_already_has_it():
     t["config"]["nosave"] = True
     f = diagnose(t)
     assert codes(f) == ["healthy"] and any("already on" in n["reason"] for n in f.not_evaluated)
+
+
+# ---- advice that never fights the stage's purpose ---------------------------------------------------------------
+
+
+def advised(findings) -> list[str]:
+    return [c for f in findings for c in (f["change"], *f["also"])]
+
+
+def test_the_settings_that_define_a_stage_come_from_its_plan():
+    assert set(defining_settings(EARLY)) == set()
+    assert set(defining_settings(plan(img=800))) == {"img"}  # the largest size of the run: the target
+    last = {**EARLY, "run_stages": EARLY["run_stages"][:1]}  # the run's last stage
+    assert set(defining_settings(last)) == {"img"}
+    assert set(defining_settings(plan(freeze=10))) == {"freeze"}
+    assert set(defining_settings({**EARLY, "defining_settings": ["batch"]})) == {"batch"}
+    assert set(defining_settings(None)) == {"img", "freeze"}  # unknown: neither may be advised
+
+
+def test_the_target_image_size_is_never_advised_away():
+    """Full memory at a small batch with AMP on: a smaller image is the lever for an early phase, but the stage at
+    the run's target size (or one whose plan is unknown) is told to use a smaller model instead."""
+    t = timing(mem=0.96, amp=True, batch=8, img=640)
+    for the_plan in (TARGET, None):
+        f = diagnose(t, plan=the_plan)
+        assert f[0]["code"] == "memory_bound" and f[0]["change"].startswith("a smaller model")
+        assert not any(".img:" in c for c in advised(f)) and f[0]["trade_off"] is None
+    t["attempts"] = [{"attempt": 1, "batch": 16, "status": "oom"}, {"attempt": 2, "batch": 8, "status": "ok"}]
+    assert not any(".img:" in c for c in advised(diagnose(t, plan=TARGET)))
+    assert any(".img: 480" in c for c in advised(diagnose(t, plan=EARLY)))
+
+
+def test_a_loader_whose_only_lever_is_the_target_size_is_reported_not_advised():
+    t = timing(util=35.0, dws=0.30, cpu_util=97.0, workers=4, cache="ram")
+    f = diagnose(t, plan=TARGET)
+    assert "data_loading_bound" not in codes(f)
+    reason = next(n["reason"] for n in f.not_evaluated if n["code"] == "data_loading_bound")
+    assert "stages.fine.img: 480" in reason and "img: 640, the run's target size" in reason
+
+
+def test_the_frozen_layers_of_a_frozen_stage_are_never_advised():
+    facts = read_facts(timing(), stage="frozen", plan=plan("frozen", freeze=10))
+    dropped = finding(facts, "data_loading_bound", {}, ["stages.frozen.freeze: 0"], "a made-up lever")
+    assert dropped.code == "data_loading_bound" and "frozen backbone" in dropped.reason
+    kept = finding(facts, "data_loading_bound", {}, ["stages.frozen.freeze: 0", "stages.frozen.workers: 8"], "why")
+    assert kept["change"] == "stages.frozen.workers: 8" and kept["also"] == []
+
+
+def test_no_val_period_advice_for_a_stage_judged_by_its_validations():
+    """patience and handover_on_stall judge a stage on its validated epochs: validating less often blinds them."""
+    eps = [ep(i, train=10.0, val=5.0) for i in range(10)]
+    assert diagnose(timing(epochs=eps))[0]["change"] == "stages.fine.val_period: 10"
+    f = diagnose(timing(epochs=eps, patience=3))
+    assert not any("val_period" in c for c in advised(f))
+    assert any("patience or handover_on_stall" in n["reason"] for n in f.not_evaluated)
+
+
+def test_the_cpu_demo_busy_with_its_own_training_is_not_data_loading_bound():
+    """The CPU demo's frozen stage (recorded): no loader workers, 2 torch threads on 2 cores at 90 %, images in RAM,
+    data wait 7.8 % (7.3 % over all epochs). It was told `stages.frozen.img: 96`: the loading runs in the training
+    process on cores the training keeps busy, so no loader setting frees time, and a smaller image shrinks the
+    training itself (and changes what is trained)."""
+    demo = dict(gpu=False, dws=0.078, dws_all=0.073, cpu_util=90.0, cores=2, workers=0, threads=2, cache="ram", img=128)
+    f = diagnose(timing(**demo), stage="frozen", plan=plan("frozen", img=128, last_img=160))
+    assert "data_loading_bound" not in codes(f) and not any(".img:" in c for c in advised(f))
+    reason = next(n["reason"] for n in f.not_evaluated if n["code"] == "data_loading_bound")
+    assert "no loader setting frees time" in reason
+    # a loader worker in the demo's pretraining (1 thread + 1 worker, CPU 99 %) is no different
+    f = diagnose(timing(**{**demo, "workers": 1, "threads": 1, "cpu_util": 99.0}))
+    assert "data_loading_bound" not in codes(f)
+    # images still to decode are avoidable loader work: caching them is advised
+    f = diagnose(timing(**{**demo, "cache": "none"}))
+    assert f[0]["code"] == "data_loading_bound" and f[0]["change"] == "stages.fine.cache: ram"
+
+
+def test_a_cpu_run_gets_a_loader_worker_only_on_a_core_its_torch_threads_leave_free():
+    t = timing(gpu=False, dws=0.2, cpu_util=60.0, cores=2, workers=0, threads=2, cache="none")
+    assert diagnose(t)[0]["change"] == "stages.fine.cache: ram"  # not workers: 1, which would take a torch core
+    t = timing(gpu=False, dws=0.2, cpu_util=60.0, cores=2, workers=0, threads=1, cache="none")
+    assert diagnose(t)[0]["change"] == "stages.fine.workers: 1"
+
+
+def test_data_loading_bound_only_when_the_report_s_data_wait_figure_agrees():
+    """The report prints the all-epochs data wait; the class needs it over the threshold too, not only the
+    steady epochs' share, so a stage is never called data-loading bound beside a 4.5 % figure."""
+    t = timing(util=35.0, dws=0.30, dws_all=0.045, cpu_util=40.0, cores=16, workers=4)
+    assert "data_loading_bound" not in codes(diagnose(t))
+    t = timing(util=35.0, dws=0.30, dws_all=0.06, cpu_util=40.0, cores=16, workers=4)
+    assert codes(diagnose(t))[0] == "data_loading_bound"
+
+
+def test_every_advised_trade_off_is_named_in_the_verdict_line():
+    """nosave gives up resume: it is named in the verdict line whichever finding advises it, top or not."""
+    eps = [ep(i, train=10.0, val=5.0, ckpt=2.0) for i in range(10)]
+    f = diagnose(timing(epochs=eps))
+    assert f[0]["change"].startswith("stages.fine.val_period:") and "stages.fine.nosave: true" in f[0]["also"][0]
+    line = verdict_line("fine", f)
+    assert "also advised at a cost: stages.fine.nosave: true (no resume mid-stage)" in line
+    f = diagnose(timing(epochs=eps, mem=0.95, amp=False))  # memory first, the stalls second
+    assert f[0]["code"] == "memory_bound" and "no resume mid-stage" in verdict_line("fine", f)
+    assert "at a cost" not in verdict_line("fine", diagnose(timing()))
+
+
+def test_batch_reduced_after_oom_makes_the_working_batch_the_config_s():
+    t = timing(batch=8)
+    t["attempts"] = [{"attempt": 1, "batch": 16, "status": "oom"}, {"attempt": 2, "batch": 8, "status": "ok"}]
+    f = diagnose(t)
+    assert f[0]["code"] == "batch_reduced_after_oom" and f[0]["change"] == "stages.fine.batch: 8"
+    assert f[0]["evidence"]["batch_that_failed"] == 16 and f[0]["candidate"] is None

@@ -1,4 +1,4 @@
-"""Issue 12 acceptance: the recorded H200 timing files replay through the diagnosis (tests/fixtures/h200/README.md).
+"""The recorded H200 timing files replay through the diagnosis (tests/fixtures/h200/README.md).
 
 On that GPU the step on the host set the pace (data-wait < 5 %, GPU idle half the time), and the old advice
 "raise the batch" made every stage slower: no stage with low data-wait may be told to raise its batch without a

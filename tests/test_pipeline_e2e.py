@@ -295,3 +295,25 @@ def test_the_gpu_check_summary_reads_a_real_run_and_invents_no_gpu_figure(tiny_r
     assert summary["probe_s"] > 0 and summary["amp_verdict"]["amp"] is False
     assert all(s["predicted_images_per_s"] > 0 and s["gpu_util_mean_pct"] is None for s in summary["stages"])
     assert goals(summary, busy=None)["gpu_busy_share"]["met"] is None
+
+
+def test_the_reports_advice_agrees_with_its_own_figures(tiny_run):
+    """The CPU demo's report once called every stage data-loading bound beside a 4.5 % data wait, told the last
+    stage to lower the image size it exists to train at, and advised nosave without saying that gives up resume."""
+    from stagedyolo.diagnosis import THRESHOLDS
+
+    _, run, _ = tiny_run
+    summary = (run / "report" / "summary.md").read_text()
+    for stage in STAGES:
+        timing = json.loads((run / "stages" / stage / "timing.json").read_text())
+        diagnosis = json.loads((run / "stages" / stage / "diagnosis.json").read_text())
+        codes = [f["code"] for f in diagnosis["findings"]]
+        advice = [change for f in diagnosis["findings"] for change in (f["change"], *f["also"])]
+        shares = [s for s in (timing["data_wait"]["share"], timing["data_wait"]["steady_share"]) if s is not None]
+        if min(shares) <= THRESHOLDS["data_wait_share"][0]:
+            assert "data_loading_bound" not in codes, (stage, timing["data_wait"], diagnosis["verdict"])
+        if stage == STAGES[-1] or not timing["gpu"]["available"]:  # the target size; a CPU run's loader
+            assert not any(".img:" in change for change in advice), (stage, advice)
+        if any("nosave: true" in change for change in advice):
+            assert "no resume" in diagnosis["verdict"], diagnosis["verdict"]
+        assert diagnosis["verdict"] in summary, stage

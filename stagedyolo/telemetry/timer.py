@@ -90,7 +90,7 @@ class StageTimer:
         self.epochs: list[dict] = []
         self.final: dict = {}
         self._cur = None  # current epoch dict
-        self._state = "setup"  # setup | train | after_train_epoch | after_fit | after_fit_late | tail | final
+        self._state = "setup"  # setup|started|train|after_train_epoch|after_fit|after_fit_late|saving|tail|final|done
         self._t_mark = None  # last phase boundary
         self._last = None  # end of previous batch's work (data wait starts here)
         self._bs = None
