@@ -27,6 +27,7 @@ def _load_timing(stage_dir: Path) -> dict:
 
 def cmd_diagnose(args) -> int:
     from stagedyolo.diagnosis import diagnose, diagnosis_markdown, verdict_line, write_diagnosis
+    from stagedyolo.jsonio import read_json
 
     d = Path(args.stage_dir)
     try:
@@ -35,7 +36,8 @@ def cmd_diagnose(args) -> int:
         print(f"stagedyolo diagnose: {exc}", file=sys.stderr)
         return 2
     stage = args.stage or timing.get("stage") or d.name
-    findings = diagnose(timing, stage=stage)
+    plan = read_json(d / "stage.json")  # which settings define the stage (never advised); None without one
+    findings = diagnose(timing, stage=stage, plan=plan)
     if args.write:
         write_diagnosis(d, findings)
     if args.json:

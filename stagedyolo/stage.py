@@ -289,7 +289,7 @@ def _write_published(
     }
     timing["prediction"] = compare_prediction(prediction, ran, timing["throughput"])
     write_timing(folder, timing)
-    findings = diagnose(timing)
+    findings = diagnose(timing, plan=plan)  # the plan tells which settings define the stage: never advised
     write_diagnosis(folder, findings)
     return findings
 

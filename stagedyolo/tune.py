@@ -67,7 +67,7 @@ def tune_stage(
     )
     advice, candidates = None, [candidate] if candidate else []
     if candidate is None and base["timing"] is not None:
-        candidate, advice = top_candidate(base["timing"], baseline_plan["stage"])
+        candidate, advice = top_candidate(base["timing"], baseline_plan["stage"], baseline_plan)
         # The finding's alternative (e.g. the RAM cache beside "more workers") is tried only if the first is not kept.
         candidates = [c for c in [candidate, *(advice or {}).get("alternatives", [])] if c][:MAX_ADVICE_TRIALS]
     trials, kept = [base], {}
@@ -96,10 +96,10 @@ def faster(trial: dict, base: dict) -> bool:
     return bool(a and b and a >= b * (1 + T("min_measured_gain")))
 
 
-def top_candidate(timing: dict, stage: str) -> tuple[dict | None, dict | None]:
+def top_candidate(timing: dict, stage: str, plan: StagePlan | None = None) -> tuple[dict | None, dict | None]:
     """The first finding whose change a short window can measure: (its settings, the finding in brief, with the
-    measurable changes it lists as alternatives)."""
-    findings = diagnose(timing, stage)
+    measurable changes it lists as alternatives). ``plan``: the stage's, whose defining settings are never tried."""
+    findings = diagnose(timing, stage, plan=plan)
     for f in findings:
         if f.get("candidate"):
             alternatives = [c for c in (candidate_of(change) for change in f.get("also", [])) if c]

@@ -4,8 +4,8 @@
 import json
 
 import pytest
+from dataset_testing import LOADER_BOUND_SPEC
 
-from stagedyolo.dataset.testing import LOADER_BOUND_SPEC
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
 from stagedyolo.stage_plan import build_plan

@@ -225,6 +225,8 @@ def test_the_onnx_export_gives_pytorchs_boxes_on_a_test_image(tiny_run):
     _, run, _ = tiny_run
     check = json.loads((run / "export" / "export.json").read_text())
     assert check["passed"] and set(check["formats"]) == {"onnx", "torchscript"}
+    rows = {row["name"] for row in check["patches"] if row["applied"]}  # the job's own record of the patch table
+    assert {"onnx_torchscript_exporter", "atomic_save", "deferred_imports"} <= rows
     assert check["image"].endswith("test_0000.jpg") and check["img"] == 96  # a held-out image, at highres' size
     image = Image.open(check["image"]).convert("RGB").resize((96, 96), Image.BILINEAR)  # square: no letterbox bars
     x = (np.asarray(image, dtype=np.float32) / 255).transpose(2, 0, 1)[None].copy()
