@@ -66,10 +66,18 @@ class StagePlan(TypedDict, total=False):
     attempt: int
     resume_from: str | None
     trial: dict
+    # Set by the worker of a stage that continues the previous one, from its handover (engine.worker.take_up_plan):
+    recipe_epochs_before: int
+    fitness_before: float
+
+
+# The keys build_plan leaves to the stage's run (its try), tune (a trial) and the worker (the handover).
+PLAN_KEYS_SET_LATER = ("attempt", "resume_from", "trial", "recipe_epochs_before", "fitness_before")
 
 
 class Resources(NamedTuple):
-    """What a stage runs with on this machine, per rank: the probe predicts with these, the stage trains with them."""
+    """What a stage runs with on this machine (its total batch; each rank's loader workers and torch threads; AMP):
+    the probe predicts with these, the stage trains with them."""
 
     batch: int  # total over every rank (nodes x gpus)
     workers: int

@@ -140,3 +140,21 @@ def test_a_batch_that_does_not_divide_over_every_node_and_gpu_is_refused_at_conf
     config["device"] = "cuda"
     problems = _check_stage(config, "s")
     assert any("total batch over 8 GPUs (4 nodes x 2)" in p and "use 8 or 16" in p for p in problems), problems
+
+
+def test_the_plan_has_exactly_the_keys_stage_plan_declares(tmp_path):
+    from stage_specs import small_stage_spec
+
+    from stagedyolo.stage_plan import PLAN_KEYS_SET_LATER, StagePlan, build_plan
+
+    plan = build_plan(
+        small_stage_spec(),
+        stage="s",
+        data=tmp_path / "d.yaml",
+        weights=None,
+        cfg="yolov5n.yaml",
+        cache_mode="none",
+        threads=1,
+        work_dir=tmp_path / "w",
+    )
+    assert set(plan) == set(StagePlan.__annotations__) - set(PLAN_KEYS_SET_LATER)
