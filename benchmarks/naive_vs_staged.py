@@ -472,18 +472,24 @@ def summarise(repeats: list[dict]) -> dict:
 # --------------------------------------------------------------------------------------------------- main
 def build_inputs(work: Path, args) -> dict:
     """The shared pretrained.pt (the demo's, built once, not timed) and both datasets; returns their paths."""
-    src = WORK / "naive_vs_staged_inputs" / "pretrain"  # shared by every run of this script: it is deterministic
+    det = work / "det_data" / "data.yaml"
+    if not det.exists():
+        make_det640(str(det.parent), args.det_train, args.det_val)
+    return {**demo_inputs(), "det": det.resolve()}
+
+
+def demo_inputs() -> dict:
+    """The demo's pretrained.pt and target set, built once (not timed) and shared by every benchmark run: the demo
+    is deterministic."""
+    src = WORK / "naive_vs_staged_inputs" / "pretrain"
     weights = src / "results" / "demo" / "demo" / "pretrained.pt"
     if not weights.exists():
         config = base_config(Path("demo"), Path("demo"), "demo")
         config.update(dataset="demo", model={**config["model"], "weights": "demo"})
         make_snakemake_workdir(src, yaml.safe_dump(config, sort_keys=False))
         run_snakemake(src, targets=("results/demo/demo/pretrained.pt",), log=src / "pretrain.log")
-    det = work / "det_data" / "data.yaml"
-    if not det.exists():
-        make_det640(str(det.parent), args.det_train, args.det_val)
     demo = src / "results" / "demo" / "demo" / "target" / "data.yaml"
-    return {"weights": weights.resolve(), "demo": demo.resolve(), "det": det.resolve()}
+    return {"weights": weights.resolve(), "demo": demo.resolve()}
 
 
 def dataset_plans(inputs: dict, args) -> dict:

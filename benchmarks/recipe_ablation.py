@@ -1,0 +1,183 @@
+"""What each part of the staged recipe contributes: the shipped recipe against itself with one part taken out.
+
+Design (fixed before any of its figures were taken; see benchmarks/README.md, "recipe_ablation"):
+
+Dataset: the demo only (the built-in target set and the demo's pretrained.pt, built once and not timed, shared with
+naive_vs_staged.py), judged at its 160-px target size: a row counts only when it was validated at 160 px.
+
+Sides, in every repeat, each `snakemake --cores 2 --resources gpu=1` on its config in a fresh folder
+(naive_vs_staged.run_staged: the clock runs from the snakemake call to the results.csv row):
+- `staged`: config/config.yaml as shipped (smoke, frozen, finetune at 128 px, highres at 160; every stage continues
+  the one before it).
+- `no_continuity`: the same stages, each after the first a new yolov5 run from the previous stage's last.pt
+  (`start_from: previous_weights`): warmup, optimizer, EMA, LR schedule and AutoAnchor start afresh in every stage.
+- `no_resolution`: the same stages, every one at the 160-px target (no smaller early phases).
+- `no_freezing`: the same stages, the frozen stage with `freeze: 0` (its stall handover kept).
+
+Targets, fixed in advance and all reported: mAP50 0.5, 0.7, 0.9, and `staged_best` = the best mAP50 the shipped
+recipe reached at 160 px in that repeat. Per side and target: time to the target, and the ratio side / staged (above
+1: the part taken out saves that much time; a side that never reaches a target gives a bound `> its wall / staged`).
+Also each side's best mAP50 at 160 px and its whole wall clock. Repeats: `--repeats` (>= 3), the side order rotating
+by one each repeat, os.getloadavg() recorded before and after every run; medians with min-max over repeats.
+No goal: an ablation describes; the recipe's goals are naive_vs_staged's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import WORK, machine_info, save  # noqa: E402
+from naive_vs_staged import (  # noqa: E402
+    DEMO_EVAL_IMG,
+    FIXED_TARGETS,
+    base_config,
+    best_map,
+    demo_inputs,
+    first_reaching,
+    run_staged,
+    spread,
+)
+
+SIDES = ("staged", "no_continuity", "no_resolution", "no_freezing")
+BEST = "staged_best"
+
+
+def ablated(config: dict, side: str) -> dict:
+    """The shipped recipe with one part taken out."""
+    out = copy.deepcopy(config)
+    out["run"] = f"{config['run']}_{side}"
+    stages = out["stages"]
+    first = next(iter(stages))
+    for name, stage in stages.items():
+        if side == "no_continuity" and name != first:
+            stage["start_from"] = "previous_weights"
+        if side == "no_resolution":
+            stage["img"] = DEMO_EVAL_IMG
+        if side == "no_freezing" and stage.get("freeze"):
+            stage["freeze"] = 0
+    return out
+
+
+def analyse_repeat(runs: dict) -> dict:
+    staged_best = best_map(runs["staged"]["rows"], DEMO_EVAL_IMG)
+    targets = {**{str(t): t for t in FIXED_TARGETS}, BEST: staged_best}
+    out = {"targets": targets, "best_map50": {}, "wall_s": {}, "time_s": {}, "ratio_vs_staged": {}}
+    for side, run in runs.items():
+        out["best_map50"][side] = best_map(run["rows"], DEMO_EVAL_IMG)
+        out["wall_s"][side] = run["wall_s"]
+        out["time_s"][side] = {
+            name: first_reaching(run["rows"], t, DEMO_EVAL_IMG) if t is not None else None
+            for name, t in targets.items()
+        }
+    for side in SIDES[1:]:
+        out["ratio_vs_staged"][side] = {name: _ratio(out, side, name) for name in targets}
+    return out
+
+
+def _ratio(repeat: dict, side: str, target: str) -> dict:
+    staged, other = repeat["time_s"]["staged"][target], repeat["time_s"][side][target]
+    if staged is None:
+        return {"ratio": None, "kind": "staged never reached it"}
+    if other is None:
+        return {"ratio": repeat["wall_s"][side] / staged, "kind": "lower bound: the side never reached it"}
+    return {"ratio": other / staged, "kind": "measured"}
+
+
+def summarise(repeats: list[dict]) -> dict:
+    summary = {"best_map50": {}, "wall_s": {}, "ratio_vs_staged": {}}
+    for side in SIDES:
+        summary["best_map50"][side] = spread([r["best_map50"][side] for r in repeats])
+        summary["wall_s"][side] = spread([r["wall_s"][side] for r in repeats])
+    for side in SIDES[1:]:
+        summary["ratio_vs_staged"][side] = {
+            name: _ratio_cells([r["ratio_vs_staged"][side][name] for r in repeats])
+            for name in (*map(str, FIXED_TARGETS), BEST)
+        }
+    return summary
+
+
+def _ratio_cells(cells: list[dict]) -> dict:
+    return {
+        "ratio": spread([c["ratio"] for c in cells if c["kind"] == "measured"]),
+        "kinds": [c["kind"] for c in cells],
+        "all_ratios": [_rounded(c["ratio"]) for c in cells],
+    }
+
+
+def _rounded(value):
+    return None if value is None else round(value, 3)
+
+
+def markdown(result: dict) -> list[str]:
+    s = result["summary"]
+    lines = [
+        "# recipe_ablation",
+        "",
+        f"Demo at {DEMO_EVAL_IMG} px, {result['repeats']} repeats; medians (min-max). Ratio = side / staged time to "
+        "the target (above 1: the part taken out saves time).",
+        "",
+        "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in (*map(str, FIXED_TARGETS), BEST)),
+        "|---|---|---|" + "---|" * (len(FIXED_TARGETS) + 1),
+    ]
+    for side in SIDES:
+        ratios = s["ratio_vs_staged"].get(side)
+        cells = [_cell(ratios[name]["ratio"]) + _bounds(ratios[name]) for name in ratios] if ratios else ["1"] * 4
+        lines.append(f"| {side} | {_cell(s['best_map50'][side])} | {_cell(s['wall_s'][side])} | {' | '.join(cells)} |")
+    return lines
+
+
+def _cell(stat: dict | None) -> str:
+    if not stat:
+        return "n/a"
+    return f"{stat['median']:.3g} ({stat['min']:.3g}-{stat['max']:.3g})"
+
+
+def _bounds(cell: dict) -> str:
+    other = [k for k in cell["kinds"] if k != "measured"]
+    return f" [{len(other)} of {len(cell['kinds'])}: {other[0]}]" if other else ""
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--name", default="recipe_ablation")
+    ap.add_argument("--workdir", type=Path, default=WORK / "recipe_ablation")
+    ap.add_argument("--smoke", action="store_true", help="1 repeat, every stage one epoch: checks the script runs")
+    a = ap.parse_args(argv)
+    if a.repeats < 3 and not a.smoke:
+        raise SystemExit("--repeats: the design needs at least 3")
+    started = time.time()
+    inputs = demo_inputs()
+    config = base_config(inputs["demo"], inputs["weights"], "demo")
+    if a.smoke:
+        a.repeats, a.name = 1, "recipe_ablation_smoke"
+        config["stages"] = {k: {**v, "epochs": 1} for k, v in config["stages"].items()}
+    repeats, runs = [], []
+    for index in range(a.repeats):
+        order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
+        done = {side: run_staged(ablated(config, side), a.workdir / f"r{index}" / side, side) for side in order}
+        for side in order:
+            print(json.dumps({"repeat": index, "side": side, "wall_s": round(done[side]["wall_s"], 1)}), flush=True)
+        runs.append(done)
+        repeats.append(analyse_repeat(done))
+        result = {
+            "design": __doc__.split("\n\n", 1)[1],
+            "repeats": len(repeats),
+            "machine": machine_info(),
+            "benchmark_wall_s": time.time() - started,
+            "configs": {side: ablated(config, side)["stages"] for side in SIDES},
+            "per_repeat": repeats,
+            "summary": summarise(repeats),
+            "runs": runs,
+        }
+        save(a.name, result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()

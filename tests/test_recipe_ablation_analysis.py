@@ -1,0 +1,51 @@
+"""The recipe_ablation benchmark's sides and analysis: each side takes out exactly one part of the shipped recipe,
+and its ratio to the shipped recipe is measured, bounded or absent as the design says (synthetic rows)."""
+
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from recipe_ablation import BEST, SIDES, ablated, analyse_repeat, markdown, summarise  # noqa: E402
+
+SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+
+
+def _differences(side: str) -> set[tuple[str, str]]:
+    before, after = SHIPPED["stages"], ablated(SHIPPED, side)["stages"]
+    keys = {(stage, key) for stage in before for key in {*before[stage], *after[stage]}}
+    return {(stage, key) for stage, key in keys if before[stage].get(key) != after[stage].get(key)}
+
+
+def test_each_side_takes_out_one_part_and_nothing_else():
+    assert _differences("staged") == set()
+    assert {key for _, key in _differences("no_continuity")} == {"start_from"}
+    assert ("smoke", "start_from") not in _differences("no_continuity")  # the first stage starts the training anyway
+    assert {key for _, key in _differences("no_resolution")} == {"img"}
+    assert _differences("no_freezing") == {("frozen", "freeze")}
+
+
+def _run(wall, *points):
+    return {"wall_s": wall, "rows": [{"s": s, "map50": m, "img": 160, "stage": "x", "epoch": 0} for s, m in points]}
+
+
+def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
+    runs = {
+        "staged": _run(100, (40, 0.6), (80, 0.95)),
+        "no_continuity": _run(150, (60, 0.6), (120, 0.95)),
+        "no_resolution": _run(130, (50, 0.75)),  # never reaches 0.9 or the staged best
+        "no_freezing": _run(90, (30, 0.6), (70, 0.96)),
+    }
+    repeat = analyse_repeat(runs)
+    assert repeat["targets"][BEST] == 0.95
+    assert repeat["ratio_vs_staged"]["no_continuity"]["0.5"] == {"ratio": 1.5, "kind": "measured"}
+    assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["kind"].startswith("lower bound")
+    assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] == 130 / 80
+    assert repeat["ratio_vs_staged"]["no_freezing"][BEST]["ratio"] == 70 / 80
+    summary = summarise([repeat, repeat, repeat])
+    assert summary["ratio_vs_staged"]["no_continuity"]["0.5"]["ratio"]["median"] == 1.5
+    assert summary["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] is None  # bounds are not medians
+    table = "\n".join(markdown({"repeats": 3, "summary": summary}))
+    assert all(f"| {side} |" in table for side in SIDES)
