@@ -33,9 +33,9 @@ pid_alive() { [[ -s $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null
 
 node_idle() { sinfo --noheader --partition "$PARTITION" --format '%T' 2>/dev/null | grep -qx 'idle'; }
 
-wait_until() { # wait_until SECONDS WHAT COMMAND...: poll COMMAND every 0.2 s
-  local seconds=$1 what=$2
-  shift 2
+wait_until() { # wait_until SECONDS COMMAND...: poll COMMAND every 0.2 s, false if it never succeeds
+  local seconds=$1
+  shift
   local deadline=$((SECONDS + seconds))
   until "$@"; do
     ((SECONDS < deadline)) || return 1
@@ -156,7 +156,7 @@ start_munge() {
   munged --force --key-file="$ETC/munge.key" --socket="$RUN/munge.socket" --pid-file="$RUN/munged.pid" \
     --log-file="$LOG/munged.log" --seed-file="$STATE/munge.seed" \
     || fail "munged would not start: $(last_error_line "$LOG/munged.log")"
-  wait_until 10 munge pid_alive munged || fail "munged: $(last_error_line "$LOG/munged.log")"
+  wait_until 10 pid_alive munged || fail "munged: $(last_error_line "$LOG/munged.log")"
   munge --socket="$RUN/munge.socket" -n </dev/null | unmunge --socket="$RUN/munge.socket" >/dev/null \
     || fail "munge credentials do not round-trip: $(last_error_line "$LOG/munged.log")"
 }
@@ -173,7 +173,7 @@ start_mariadb() {
     --bind-address=127.0.0.1 --port=$DB_PORT --pid-file="$RUN/mariadbd.pid" --log-error="$LOG/mariadb.log" \
     --innodb-buffer-pool-size=64M >/dev/null 2>&1 &
   disown
-  wait_until 60 mariadb database_answers || fail "mariadbd would not start: $(last_error_line "$LOG/mariadb.log")"
+  wait_until 60 database_answers || fail "mariadbd would not start: $(last_error_line "$LOG/mariadb.log")"
   mariadb --protocol=socket --socket="$RUN/mariadb.sock" -u root <<'EOF'
 CREATE DATABASE IF NOT EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
@@ -187,7 +187,7 @@ start_slurmdbd() {
   pid_alive slurmdbd && return
   # slurmdbd has no config option: it reads the slurmdbd.conf beside $SLURM_CONF
   slurmdbd || fail "slurmdbd would not start: $(last_error_line "$LOG/slurmdbd.log")"
-  wait_until 60 slurmdbd sacctmgr --noheader list cluster >/dev/null 2>&1 \
+  wait_until 60 sacctmgr --noheader list cluster >/dev/null 2>&1 \
     || fail "slurmdbd does not answer: $(last_error_line "$LOG/slurmdbd.log")"
 }
 
@@ -204,10 +204,10 @@ register_cluster() { # sacct reads jobs per cluster; the account lets jobs carry
 start_slurm() {
   pid_alive slurmctld || slurmctld -f "$SLURM_CONF" \
     || fail "slurmctld would not start: $(last_error_line "$LOG/slurmctld.log")"
-  wait_until 30 slurmctld scontrol ping >/dev/null 2>&1 \
+  wait_until 30 scontrol ping >/dev/null 2>&1 \
     || fail "slurmctld does not answer: $(last_error_line "$LOG/slurmctld.log")"
   pid_alive slurmd || slurmd -f "$SLURM_CONF" || fail "slurmd would not start: $(last_error_line "$LOG/slurmd.log")"
-  wait_until 60 node node_idle \
+  wait_until 60 node_idle \
     || fail "the node is not idle ($(sinfo --noheader -o '%T %E' 2>&1 | head -1)): $(last_error_line "$LOG/slurmd.log")"
 }
 
