@@ -25,12 +25,15 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SPEC = small_stage_spec(epochs=3, optimizer="SGD")
 # The workflow's own script, as the train_stage rule runs it, with only the inputs it reads.
 SNAKEFILE = f"""
+from stagedyolo.recipe import stage_inputs
+
 rule train_stage:
     input: data="data/data.yaml", cache="cache.json", weights=[], probe=[]
     output: timing="results/r/stages/{{stage}}/timing.json"
     log: "results/r/logs/{{stage}}.log"
     threads: 1
     resources: attempt=lambda wildcards, attempt: attempt
+    params: inputs=lambda wildcards: stage_inputs(config, wildcards.stage)
     script: "{REPO}/workflow/scripts/train_stage.py"
 """
 

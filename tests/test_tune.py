@@ -231,7 +231,7 @@ def test_advice_a_window_cannot_measure_is_named_not_tried(monkeypatch, tmp_path
     monkeypatch.setattr(
         tune,
         "top_candidate",
-        lambda timing, stage: (None, {"code": "periodic_stalls", "change": "stages.s.val_period: 3"}),
+        lambda timing, stage, plan=None: (None, {"code": "periodic_stalls", "change": "stages.s.val_period: 3"}),
     )
     monkeypatch.setattr(
         tune,
@@ -252,7 +252,7 @@ def test_the_findings_alternative_is_tried_when_the_top_advice_is_no_faster(monk
     monkeypatch.setattr(
         tune,
         "top_candidate",
-        lambda timing, stage: (
+        lambda timing, stage, plan=None: (
             {"workers": 1},
             {"code": "data_loading_bound", "change": "stages.s.workers: 1", "alternatives": [{"cache": "ram"}]},
         ),
