@@ -32,12 +32,7 @@ ISSUE_REFERENCE = re.compile(r"\bissues? ?#?\d+", re.IGNORECASE)
 DOCS = ["README.md", "config/README.md", "docs", "profiles", "examples"]
 # Files another change in flight is fixing, per check: skipped by the check, and each must still need it (the last
 # test), so the list empties as they land.
-AWAITING = {
-    "issue numbers": set(),
-    "threads": set(),
-    "code names": set(),
-    "report files": set(),
-}
+AWAITING = {"issue numbers": set(), "threads": set(), "code names": set(), "report files": set()}
 
 
 def outstanding(check: str, found: list[str]) -> list[str]:
