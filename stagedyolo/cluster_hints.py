@@ -28,13 +28,17 @@ def limit_hints(log_text: str) -> list[str]:
     return sorted(set(hints))
 
 
-def print_limit_hints(log_path: str | None) -> None:
-    """The workflow's onerror handler: the hints for Snakemake's log, on stderr; nothing when there are none."""
+def print_limit_hints(logs: str | list[str] | None) -> None:
+    """The workflow's onerror handler: the hints for Snakemake's log (its `log`: a list of paths in Snakemake 9, one
+    path before), on stderr; nothing when there are none."""
     import sys
 
-    try:
-        text = Path(log_path).read_text(errors="replace") if log_path else ""
-    except OSError:
-        return
+    paths = [logs] if isinstance(logs, str) else list(logs or [])
+    text = ""
+    for path in paths:
+        try:
+            text += Path(path).read_text(errors="replace")
+        except OSError:
+            continue
     for hint in limit_hints(text):
         print(hint, file=sys.stderr)

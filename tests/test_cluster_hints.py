@@ -21,7 +21,10 @@ def test_a_timeout_and_an_oom_name_the_resource_to_raise_and_other_failures_noth
     assert any("train_stage ended OUT_OF_MEMORY" in h and "`mem_mb`" in h for h in hints)
 
 
-def test_the_handler_prints_nothing_without_a_log(capsys, tmp_path):
+def test_the_handler_reads_snakemakes_list_of_logs_and_prints_nothing_without_one(capsys, tmp_path):
     print_limit_hints(str(tmp_path / "missing.log"))
     print_limit_hints(None)
     assert capsys.readouterr().err == ""
+    (tmp_path / "run.log").write_text(LOG)
+    print_limit_hints([str(tmp_path / "run.log")])  # Snakemake 9's onerror `log`
+    assert "raise its `runtime`" in capsys.readouterr().err
