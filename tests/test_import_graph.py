@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "stagedyolo"
 # Lowest first. A module may import its own floor or lower ones. Each name is a module or a subpackage of stagedyolo.
 FLOORS = [
     # what knows nothing else of stagedyolo: yolov5's constants, files, processes, the machine
-    {"", "checkout", "cluster_hints", "yolov5_facts", "jsonio", "ownership", "fixed_costs", "envcheck", "launch"},
+    {"", "checkout", "yolov5_facts", "jsonio", "ownership", "fixed_costs", "envcheck", "launch"},
     # measuring and reading: the timer, the sampler, progress, the dataset tools
     {"telemetry", "progress", "status", "dataset"},
     # yolov5 itself: the engine adapter

@@ -313,7 +313,7 @@ def test_a_requeued_stage_resumes_in_its_own_work_folder(cluster, finished_run):
 
 def test_a_job_past_its_time_limit_is_reported_as_timeout_with_its_logs(cluster, timeout_run, finished_run):
     """SLURM ends the job TIMEOUT; Snakemake's error names the state, the rule's log and the job's SLURM log, which
-    says why, and the workflow's onerror handler the resource to raise (`runtime`)."""
+    says why. Neither names the resource to raise (`runtime`): docs/cluster.md does."""
     workdir, process = timeout_run
     assert process.wait(timeout=300) != 0
     console = process.console.read_text()
@@ -324,4 +324,3 @@ def test_a_job_past_its_time_limit_is_reported_as_timeout_with_its_logs(cluster,
     assert "results/tiny/logs/demo_pretrain.log" in error  # the rule's own log
     slurm_log = Path(error.split("log: ", 1)[1].split(", ")[1].split(" ")[0])
     assert "DUE TO TIME LIMIT" in slurm_log.read_text()  # SLURM's own line, in the job's SLURM log
-    assert "rule demo_pretrain ended TIMEOUT on the cluster: raise its `runtime`" in console

@@ -4,7 +4,6 @@ from snakemake.utils import validate
 import yaml
 
 from stagedyolo.checkout import share_checkout_with_jobs
-from stagedyolo.cluster_hints import print_limit_hints
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.export import FORMATS as EXPORT_SUFFIXES
 from stagedyolo.recipe import (
