@@ -110,23 +110,12 @@ def test_linear_lr_scaling_follows_the_effective_batch_yolov5_steps_with():
 
 
 def test_a_stage_across_nodes_plans_its_total_batch_over_every_rank_and_launches_on_each_node(tmp_path):
-    from stage_specs import small_stage_spec
+    from stage_specs import small_stage_plan, small_stage_spec
 
-    from stagedyolo.stage_plan import build_plan
     from stagedyolo.worker_launch import worker_command
 
     spec = small_stage_spec(nodes=2, gpus=2, batch="auto", device="cuda", workers=1)
-    plan = build_plan(
-        spec,
-        stage="s",
-        data=tmp_path / "d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=8,
-        work_dir=tmp_path / "w",
-        probe_choice={"batch": 8},
-    )
+    plan = small_stage_plan(spec, tmp_path, threads=8, probe_choice={"batch": 8})
     assert (plan["nodes"], plan["gpus"], plan["batch"]) == (2, 2, 32)  # the probe's per-GPU 8 on 4 ranks
     env = {"SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_NNODES": "2"}
     argv, _ = worker_command(plan, tmp_path / "plan.json", env)
@@ -143,18 +132,9 @@ def test_a_batch_that_does_not_divide_over_every_node_and_gpu_is_refused_at_conf
 
 
 def test_the_plan_has_exactly_the_keys_stage_plan_declares(tmp_path):
-    from stage_specs import small_stage_spec
+    from stage_specs import small_stage_plan, small_stage_spec
 
-    from stagedyolo.stage_plan import PLAN_KEYS_SET_LATER, StagePlan, build_plan
+    from stagedyolo.stage_plan import PLAN_KEYS_SET_LATER, StagePlan
 
-    plan = build_plan(
-        small_stage_spec(),
-        stage="s",
-        data=tmp_path / "d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "w",
-    )
+    plan = small_stage_plan(small_stage_spec(), tmp_path)
     assert set(plan) == set(StagePlan.__annotations__) - set(PLAN_KEYS_SET_LATER)
