@@ -56,7 +56,16 @@ def machine_info() -> dict:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    return {"cores": cores, "cpu_model": model, "platform": platform.platform(), "python": platform.python_version()}
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cores": cores,
+        "cpu_model": model,
+        "gpu": gpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 class LoadSampler:

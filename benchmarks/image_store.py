@@ -104,7 +104,7 @@ def main(argv=None):
         0.3,
         160,
         log=lambda *_: None,
-        store_sizes=[128, 160],  # the default demo's stage sizes
+        store_sizes={"train": [128, 160], "val": [160]},  # the default demo's stage and validation sizes
     )
     build = {"seconds": round(time.monotonic() - t0, 3), **{k: decision["store"][k] for k in ("decoded", "bytes")}}
     store = decision["store"]["root"]

@@ -54,16 +54,23 @@ def draw_one(job: tuple[str, str, int]) -> None:
 
 def make_det640(root: str, n_train: int, n_val: int, processes: int | None = None) -> str:
     """Write the set under `root`; returns its data.yaml path. Deterministic: image i of a split is always the same."""
+    return write_set(root, n_train, n_val, draw_one, CLASSES, processes)
+
+
+def write_set(root: str, n_train: int, n_val: int, draw, classes: tuple, processes: int | None = None) -> str:
+    """A generated YOLO set: ``draw((root, split, index))`` writes image and label i of a split, in a pool of
+    processes; then data.yaml. Returns the data.yaml path."""
     root = os.path.abspath(root)
     for split in ("train", "val"):
         os.makedirs(f"{root}/images/{split}", exist_ok=True)
         os.makedirs(f"{root}/labels/{split}", exist_ok=True)
     jobs = [(root, "train", i) for i in range(n_train)] + [(root, "val", i) for i in range(n_val)]
     with Pool(processes or os.cpu_count()) as pool:
-        pool.map(draw_one, jobs, chunksize=32)
+        pool.map(draw, jobs, chunksize=16)
     data_yaml = f"{root}/data.yaml"
     with open(data_yaml, "w") as handle:
-        handle.write(f"path: {root}\ntrain: images/train\nval: images/val\nnc: 3\nnames: [{', '.join(CLASSES)}]\n")
+        names = ", ".join(classes)
+        handle.write(f"path: {root}\ntrain: images/train\nval: images/val\nnc: {len(classes)}\nnames: [{names}]\n")
     return data_yaml
 
 

@@ -19,6 +19,15 @@ Datasets:
   px, the last fifth at `--det-img` with mosaic off, the stages on one LR line (linear_lrf). It keeps config.yaml's
   engine settings (nominal_batch 16, min_warmup_iters 0), which the fair control shares. It starts from the demo's
   pretrained.pt: no official checkpoint can be fetched offline, and all sides start from it.
+- `mixed` (added 2026-12-03, this paragraph written before its first figures): benchmarks/make_mixed.py, a second
+  untuned set unlike both (JPEGs of six sizes and both orientations, 480-960 px wide, cluttered backgrounds with
+  distractor strokes, 0-7 objects of 5 classes 12-160 px across, about one image in ten without objects),
+  `--mixed-train`/`--mixed-val` 128/32 images at a larger target size, `--mixed-img` 320 px; everything else as
+  det (yolov5's default hyp, the same recipe shape through untuned_config, the demo's pretrained.pt), with
+  `--mixed-frozen` 6 and `--mixed-finetune` 12 (20 epochs: smoke 2, frozen 2, finetune 12 at 256 px, highres 4 at
+  320) and control budgets `--mixed-budgets` 10,20: what three repeats of every side cost on this 2-core CPU at
+  320 px (about 50 min). The recipe's smaller size is 0.8 of the target in steps of 32 (untuned_config: 128 for
+  det's 160, as before; 256 for 320).
 
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
@@ -28,12 +37,13 @@ Sides, in every repeat:
 - `restart` (before/after, labelled): the same, with the restart-per-stage recipe the project shipped before its
   stages continued one training (9ca45e2): every stage after the first a new yolov5 run from the previous stage's
   last.pt (`start_from: previous_weights`), with that recipe's own layout (demo: RESTART_DEMO_STAGES; det: smoke,
-  frozen `--det-frozen`, finetune `--det-finetune` at lr0/4, all at `--det-img`, as the 2026-12 benchmark ran it).
+  frozen `--det-frozen`, finetune `--det-finetune` at lr0/4, all at `--det-img`, as the 2026-12 benchmark ran it;
+  mixed: the same with its own flags).
 - `control` (the fair control): one stage with the staged config's stage_defaults (the same optimizer, hyp, lr0,
   nominal_batch, min_warmup_iters, warmup, batch), freeze 0, validated every epoch, at the evaluation size, from the
   same pretrained.pt, run by stage_plan.build_plan + stage.run_stage (the adapter the train_stage rule runs, without
   Snakemake or the probe), with the CPU split, batch and cache the most recent staged run of that dataset used (its
-  probe's choice and cache decision). Epoch budgets `--demo-budgets` / `--det-budgets`: each is a full run, so its LR
+  probe's choice and cache decision). Epoch budgets `--<dataset>-budgets`: each is a full run, so its LR
   schedule completes; per target the control's time is the best (shortest) of its budgets. Clock: from run_stage's
   call.
 - `newcomer` (a second, clearly labelled row: not the fair control): bare `python -m yolov5.train` with yolov5's
@@ -43,19 +53,24 @@ Sides, in every repeat:
 
 Same image size on every side: a row counts for a target only when it was validated at the dataset's evaluation
 size, the recipe's target size and the controls' and newcomer's img: 160 for the demo (its highres stage; the
-128-px rows of its earlier stages are listed but never count; the restart recipe's highres is at 160 too) and
-`--det-img` for det. (Until the recipe trained at a smaller size first, the demo was judged at 128, its stages'
-size then.)
+restart recipe's highres is at 160 too) and `--det-img` / `--mixed-img` for det / mixed. Since 2026-12-03 every
+stage validates at the recipe's target size (`val_img`), so the rows of the phases that train at a smaller size
+count too; before, they were validated at their training size and listed but never counted. (Until the recipe
+trained at a smaller size first, the demo was judged at 128, its stages' size then.)
 
-Repeats: `--repeats` (>= 3). Each repeat runs demo then det; within a dataset the order alternates between
+Repeats: `--repeats` (>= 3). Each repeat runs demo, det, then mixed; within a dataset the order alternates between
 repeats (odd: staged, control, restart, newcomer, control; even: the reverse) so load drift hits every side.
 os.getloadavg() is recorded before and after every run. Ratios are staged / control (and staged / newcomer,
 restart / control, staged / restart), per repeat, then median with min-max over repeats. A side that never reaches
 a target is recorded as such: an other side that misses it gives `< staged / its longest wall` (a bound), a staged
 run that misses it gives no ratio. Goals (fixed before the run): staged / fair control <= 0.5 at the control's best
-on det (untuned data) and never above 1.0 at a target the control reaches; <= 1.0 at the control's best on the demo.
+on det and mixed (untuned data) and never above 1.0 at a target the control reaches; <= 1.0 at the control's best on
+the demo.
 
-Run:  python benchmarks/naive_vs_staged.py [--repeats 3] [--demo-budgets 5,10] [--det-budgets 15,30] [--det-img 160]
+`--preset gpu640` (PRESETS): det on the GPU kit's 640-px load, sized to fit one repeat in under 8 minutes on one
+H200; the same design, every side, all the machine's cores.
+
+Run:  python benchmarks/naive_vs_staged.py [--repeats 3] [--datasets demo,det,mixed] [--det-img 160] [--preset gpu640]
 Smoke: python benchmarks/naive_vs_staged.py --smoke   (1 repeat, tiny budgets, writes naive_vs_staged_smoke.*)
 """
 
@@ -71,6 +86,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -90,12 +107,53 @@ from common import (
     yolov5_env,
 )
 from make_det640 import make_det640  # noqa: E402
+from make_mixed import make_mixed  # noqa: E402
 
 FIXED_TARGETS = (0.5, 0.7, 0.9)
 BEST = "control_best"
-PIPELINE_CORES = 2  # run_snakemake's --cores: the whole machine here
+PIPELINE_CORES = len(os.sched_getaffinity(0))  # run_snakemake's --cores: the whole machine (2 here, 16 on the H200)
 DEMO_EVAL_IMG = 160  # the demo recipe's target size (its highres stage); its earlier stages' 128-px rows never count
 GOAL_RATIO = 0.5
+
+
+@dataclass(frozen=True)
+class Untuned:
+    """An untuned data set: its generator, its size, the target size it is judged at, the staged recipe's frozen and
+    fine-tune epochs (det_config) and the fair control's epoch budgets. Each field is a flag, --<name>-<field>."""
+
+    make: Callable[[str, int, int], str]
+    train: int
+    val: int
+    img: int
+    frozen: int
+    finetune: int
+    budgets: str
+
+
+UNTUNED = {
+    "det": Untuned(make_det640, train=320, val=80, img=160, frozen=14, finetune=14, budgets="15,30"),
+    "mixed": Untuned(make_mixed, train=128, val=32, img=320, frozen=6, finetune=12, budgets="10,20"),
+}
+SIZE_FIELDS = ("train", "val", "img", "frozen", "finetune")
+
+# gpu640: det on the GPU kit's 640-px load (3000/300 JPEGs), every side in one repeat, sized to fit one repeat in
+# under 8 minutes on one H200 from the 2026-12 evidence run's 11 s per epoch (yolov5s, 640 px, batch 64) and its
+# 60-90 s of pipeline start-up: controls of 3 and 6 epochs, the staged recipe and the restart recipe 6 epochs each
+# (staged: smoke 2, frozen 1, finetune 2 at 512 px, highres 1 at 640), the newcomer stopped at 60 s. Not yet run.
+PRESETS = {
+    "gpu640": {
+        "datasets": "det",
+        "det_train": 3000,
+        "det_val": 300,
+        "det_img": 640,
+        "det_budgets": "3,6",
+        "det_frozen": 2,
+        "det_finetune": 2,
+        "cap_s": 60,
+        "name": "naive_vs_staged_gpu640",
+        "workdir": WORK / "naive_vs_staged_gpu640",
+    }
+}
 PREP_RULES = ("verify_env", "prepare_dataset", "cache_dataset", "probe")
 
 
@@ -132,11 +190,12 @@ def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:
     return lrfs
 
 
-def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int) -> dict:
-    """The shipped recipe's shape on det: smoke, a short frozen phase (validated every epoch, handed over when its
-    gain stalls, as config.yaml's) and the fine-tune at the smaller size (img - 32), the last fifth at ``img`` with
-    mosaic off; ``frozen + finetune + 2`` epochs in all, one LR line."""
-    config = base_config(data_yaml, weights, "det")
+def untuned_config(name: str, data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int) -> dict:
+    """The shipped recipe's shape on an untuned set: smoke, a short frozen phase (validated every epoch, handed over
+    when its gain stalls, as config.yaml's) and the fine-tune at the shipped recipe's smaller size (0.8 of ``img``,
+    in steps of 32: 128 for 160 as config.yaml, 256 for 320), the last fifth at ``img`` with mosaic off;
+    ``frozen + finetune + 2`` epochs in all, one LR line."""
+    config = base_config(data_yaml, weights, name)
     defaults = config["stage_defaults"]
     defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
     total = 2 + frozen + finetune
@@ -144,7 +203,7 @@ def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: 
     frozen_part = max(1, frozen // 3)
     epochs = [2, frozen_part, total - 2 - frozen_part - final, final]
     lrf = linear_lrf(epochs)
-    small = max(64, img - 32)
+    small = max(64, round(0.8 * img / 32) * 32)
     config["stages"] = {
         "smoke": {
             "epochs": epochs[0],
@@ -168,8 +227,9 @@ def det_config(data_yaml: Path, weights: Path, img: int, frozen: int, finetune: 
     return config
 
 
-def det_restart_stages(frozen: int, finetune: int) -> dict:
-    """The restart recipe on det as the previous benchmark ran it: smoke, frozen, finetune at lr0/4, all at img."""
+def untuned_restart_stages(frozen: int, finetune: int) -> dict:
+    """The restart recipe on an untuned set as the 2026-12 benchmark ran it on det: smoke, frozen, finetune at
+    lr0/4, all at the target size."""
     return {
         "smoke": {"epochs": 2, "start_from": "model", "val_period": 2, "nosave": True},
         "frozen": {"epochs": frozen, "freeze": 10, "val_period": 3, "start_from": "previous_weights"},
@@ -178,9 +238,10 @@ def det_restart_stages(frozen: int, finetune: int) -> dict:
 
 
 def stage_imgs(config: dict) -> dict:
+    """Each stage's validation size: the size its results.csv rows were measured at."""
     from stagedyolo.recipe import stage_spec
 
-    return {stage: stage_spec(config, stage)["img"] for stage in config["stages"]}
+    return {stage: stage_spec(config, stage)["val_img"] for stage in config["stages"]}
 
 
 # --------------------------------------------------------------------------------------------------- one run each
@@ -193,7 +254,7 @@ def run_staged(config: dict, workdir: Path, side: str = "staged") -> dict:
     load_before = _loads()
     poller = CsvPoller(workdir, ["results/*/work/*/results.csv"]).start()
     try:
-        run = run_snakemake(workdir, log=workdir / "snakemake.log")
+        run = run_snakemake(workdir, cores=PIPELINE_CORES, log=workdir / "snakemake.log")
     finally:
         poller.stop()
     run_dir = workdir / "results" / config["run"]
@@ -471,11 +532,15 @@ def summarise(repeats: list[dict]) -> dict:
 
 # --------------------------------------------------------------------------------------------------- main
 def build_inputs(work: Path, args) -> dict:
-    """The shared pretrained.pt (the demo's, built once, not timed) and both datasets; returns their paths."""
-    det = work / "det_data" / "data.yaml"
-    if not det.exists():
-        make_det640(str(det.parent), args.det_train, args.det_val)
-    return {**demo_inputs(), "det": det.resolve()}
+    """The shared pretrained.pt (the demo's, built once, not timed) and the untuned sets; returns their paths."""
+    inputs = demo_inputs()
+    for name, spec in UNTUNED.items():
+        train, val = getattr(args, f"{name}_train"), getattr(args, f"{name}_val")
+        data = work / f"{name}_data_{train}_{val}" / "data.yaml"
+        if not data.exists() and name in args.datasets:
+            spec.make(str(data.parent), train, val)
+        inputs[name] = data.resolve()
+    return inputs
 
 
 def demo_inputs() -> dict:
@@ -494,7 +559,6 @@ def demo_inputs() -> dict:
 
 def dataset_plans(inputs: dict, args) -> dict:
     demo = base_config(inputs["demo"], inputs["weights"], "demo")
-    det = det_config(inputs["det"], inputs["weights"], args.det_img, args.det_frozen, args.det_finetune)
     plans = {
         "demo": {
             "config": demo,
@@ -502,15 +566,18 @@ def dataset_plans(inputs: dict, args) -> dict:
             "data": inputs["demo"],
             "img": DEMO_EVAL_IMG,
             "budgets": args.demo_budgets,
-        },
-        "det": {
-            "config": det,
-            "restart_config": restart_config(det, det_restart_stages(args.det_frozen, args.det_finetune)),
-            "data": inputs["det"],
-            "img": args.det_img,
-            "budgets": args.det_budgets,
-        },
+        }
     }
+    for name in UNTUNED:
+        img, frozen, finetune = (getattr(args, f"{name}_{field}") for field in ("img", "frozen", "finetune"))
+        config = untuned_config(name, inputs[name], inputs["weights"], img, frozen, finetune)
+        plans[name] = {
+            "config": config,
+            "restart_config": restart_config(config, untuned_restart_stages(frozen, finetune)),
+            "data": inputs[name],
+            "img": img,
+            "budgets": getattr(args, f"{name}_budgets"),
+        }
     if args.smoke:  # every stage one epoch: checks the script, measures nothing
         for plan in plans.values():
             for key in ("config", "restart_config"):
@@ -567,26 +634,29 @@ def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--datasets", default="demo,det")
+    ap.add_argument("--datasets", default="demo,det,mixed")
     ap.add_argument("--demo-budgets", default="5,10", help="fair control's epoch budgets on the demo")
-    ap.add_argument("--det-budgets", default="15,30", help="fair control's epoch budgets on det")
-    ap.add_argument("--det-train", type=int, default=320)
-    ap.add_argument("--det-val", type=int, default=80)
-    ap.add_argument("--det-img", type=int, default=160)
-    ap.add_argument("--det-frozen", type=int, default=14)
-    ap.add_argument("--det-finetune", type=int, default=14)
+    for name, spec in UNTUNED.items():
+        ap.add_argument(f"--{name}-budgets", default=spec.budgets, help=f"fair control's epoch budgets on {name}")
+        for field in SIZE_FIELDS:
+            ap.add_argument(f"--{name}-{field}", type=int, default=getattr(spec, field))
     ap.add_argument("--cap-s", type=float, default=150, help="the newcomer's time cap per run (fixed in advance)")
     ap.add_argument("--name", default="naive_vs_staged", help="results file name")
     ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
     ap.add_argument("--resume", type=Path, help="a results JSON of a stopped run: keep its repeats, run the rest")
     ap.add_argument("--smoke", action="store_true", help="1 repeat, tiny budgets: checks the script runs")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a named set of the flags above (they override it)")
     a = ap.parse_args(argv)
+    if a.preset:
+        ap.set_defaults(**PRESETS[a.preset])
+        a = ap.parse_args(argv)
     if a.smoke:
-        a.repeats, a.demo_budgets, a.det_budgets, a.det_frozen, a.det_finetune = 1, "1,2", "1,2", 1, 1
-        a.det_train, a.det_val, a.det_img, a.name = 16, 8, 96, "naive_vs_staged_smoke"
-        a.workdir = WORK / "naive_vs_staged_smoke"
-    a.demo_budgets = [int(x) for x in a.demo_budgets.split(",")]
-    a.det_budgets = [int(x) for x in a.det_budgets.split(",")]
+        a.repeats, a.demo_budgets, a.name, a.workdir = 1, "1,2", "naive_vs_staged_smoke", WORK / "naive_vs_staged_smoke"
+        tiny = {"budgets": "1,2", "frozen": 1, "finetune": 1, "train": 16, "val": 8, "img": 96}
+        for name, field in ((name, field) for name in UNTUNED for field in tiny):
+            setattr(a, f"{name}_{field}", tiny[field])
+    for name in ("demo", *UNTUNED):
+        setattr(a, f"{name}_budgets", [int(x) for x in getattr(a, f"{name}_budgets").split(",")])
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
     started = time.time()
@@ -616,7 +686,7 @@ def write_results(a, plans: dict, runs: dict, wall_s: float) -> None:
     result = {
         "design": __doc__.split("\n\n", 1)[1].split("\nRun:")[0],
         "targets": {"fixed": list(FIXED_TARGETS), "also": f"{BEST}: the fair control's best mAP50 in each repeat"},
-        "goal_ratio_det": GOAL_RATIO,
+        "goal_ratio_untuned": GOAL_RATIO,
         "repeats": {name: len(r) for name, r in runs.items() if r},
         "repeats_planned": a.repeats,
         "machine": machine_info(),
@@ -664,7 +734,8 @@ def markdown(result: dict) -> list[str]:
     md = [
         "# Time to mAP50: staged pipeline vs a fair one-stage control (and a newcomer's yolov5 run)",
         "",
-        f"Machine: {info['cores']} cores, {info['cpu_model']}, no GPU, shared with other jobs (load averages per run "
+        f"Machine: {info['cores']} cores, {info['cpu_model']}, {info.get('gpu') or 'no GPU'}, shared with other jobs "
+        "(load averages per run "
         f"below). Repeats: {result['repeats']} (planned {result['repeats_planned']}), order alternating; "
         f"benchmark wall {result['benchmark_wall_s'] / 60:.0f} min. Ratio = staged time / the other side's time "
         "to the same mAP50 at the same image size: median "

@@ -1,8 +1,9 @@
 """The final score on data held out from training: the last stage's weights on the `test:` split of data.yaml,
 through yolov5's own val.py (task "test"), with per-class AP50 and AP50-95.
 
-Per-class figures come from yolov5's ap_per_class, captured as val.py calls it: val.run returns per-class mAP with
-the mean filled in for classes absent from the split, which would print a made-up AP for them. Here such a class
+Per-class figures come from yolov5's ap_per_class, recorded as val.py calls it (the patch table's
+`ap_per_class_record` row): val.run returns per-class mAP with the mean filled in for classes absent from the split,
+which would print a made-up AP for them. Here such a class
 shows its instance count of 0 and no AP. val.py calls ap_per_class only when some detection is right, so the
 instances are counted from the split's label files, and a class with instances that nothing detected scores 0.
 
@@ -51,7 +52,8 @@ def evaluate_for_rule(
     else:
         from stagedyolo.engine.job import engine_job
 
-        with engine_job(Path(metrics_json).parent.parent / "engine", log_path, threads) as patches:
+        engine_home = Path(metrics_json).parent.parent / "engine"
+        with engine_job(engine_home, log_path, threads, rows=("ap_per_class_record",)) as patches:
             result = run_val(
                 weights,
                 data_yaml,
@@ -105,32 +107,22 @@ def run_val(
 
     from stagedyolo.engine.worker import resolve_device
 
-    captured = {}
-    ap_per_class = val.ap_per_class
-
-    def capture(*stats, **kwargs):
-        captured["result"] = ap_per_class(*stats, **kwargs)
-        return captured["result"]
-
-    val.ap_per_class = capture
-    try:
-        (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
-            data=str(Path(data_yaml).resolve()),
-            weights=str(Path(weights).resolve()),
-            batch_size=batch,
-            imgsz=img,
-            task="test",
-            device=resolve_device(device, torch.cuda.is_available()),
-            workers=workers,
-            plots=False,
-            single_cls=single_cls,
-            project=str(out_dir),
-            name="test",
-            exist_ok=True,
-            callbacks=Callbacks(),
-        )
-    finally:
-        val.ap_per_class = ap_per_class
+    val.ap_per_class.last = None  # the ap_per_class_record row's; val.py calls it only when a detection is right
+    (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
+        data=str(Path(data_yaml).resolve()),
+        weights=str(Path(weights).resolve()),
+        batch_size=batch,
+        imgsz=img,
+        task="test",
+        device=resolve_device(device, torch.cuda.is_available()),
+        workers=workers,
+        plots=False,
+        single_cls=single_cls,
+        project=str(out_dir),
+        name="test",
+        exist_ok=True,
+        callbacks=Callbacks(),
+    )
     names = class_names(data["names"], single_cls)
     counts = instance_counts(data["splits"]["test"], len(names), single_cls)
     return {
@@ -139,7 +131,7 @@ def run_val(
         "img": img,
         "single_cls": single_cls,
         "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
-        "classes": per_class(names, counts, captured),
+        "classes": per_class(names, counts, val.ap_per_class.last),
         "ms_per_image": dict(zip(("pre", "inference", "nms"), speed)),
     }
 
@@ -165,15 +157,16 @@ def _label_rows(label: Path) -> set[tuple[float, ...]]:
     return {tuple(map(float, line.split())) for line in label.read_text().splitlines() if line.strip()}
 
 
-def per_class(names: list[str], counts: list[int], captured: dict) -> list[dict]:
-    """One row per class: a class with no instances in the split has no precision, recall or AP; one with
-    instances that ap_per_class did not score (val.py skips it when no detection is right) scores 0."""
+def per_class(names: list[str], counts: list[int], scored: tuple | None) -> list[dict]:
+    """One row per class from ``scored``, ap_per_class's return (None when val.py never called it): a class with no
+    instances in the split has no precision, recall or AP; one with instances that ap_per_class did not score (val.py
+    skips it when no detection is right) scores 0."""
     rows = {
         i: {"class": name, "instances": counts[i], **dict.fromkeys(SCORES, 0.0 if counts[i] else None)}
         for i, name in enumerate(names)
     }
-    if captured:
-        _tp, _fp, p, r, _f1, ap, classes = captured["result"]
+    if scored is not None:
+        _tp, _fp, p, r, _f1, ap, classes = scored
         for k, c in enumerate(classes):
             rows[int(c)].update(
                 precision=float(p[k]), recall=float(r[k]), ap50=float(ap[k, 0]), ap50_95=float(ap[k].mean())

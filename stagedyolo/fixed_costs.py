@@ -2,9 +2,10 @@
 
 Each gap is measured from stamps the jobs write: env.json's `job_started_unix` (verify_env, the run's first job) and
 each stage's timing.json `clock` (its worker's process start, first and last training step). The gap before a stage
-holds the previous stage's final validation of best.pt, checkpoint stripping and publishing, Snakemake's hand-off and
-this stage's process start and set-up (imports, dataset scan, model build); the first gap holds the data preparation
-and the probe too. Snakemake's own start-up before its first job is not in it.
+holds the previous stage's checkpoint stripping and publishing (and, in reproducible mode, yolov5's second
+validation of best.pt), Snakemake's hand-off and this stage's process start and set-up (imports, dataset scan, model
+build); the first gap holds the data preparation and the probe too. Snakemake's own start-up before its first job is
+not in it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def markdown(costs: dict) -> str:
             "",
             f"{costs['total_s']} s of the {costs['run_s']} s from the first job to the last training step "
             f"({100 * costs['share']:.0f} %) trained nothing: data preparation and the probe before the first "
-            "stage; each stage's final validation, publishing, hand-off and process set-up between stages.",
+            "stage; each stage's last checkpoint, publishing, hand-off and process set-up between stages.",
         ]
     return "\n".join(lines) + "\n"
 

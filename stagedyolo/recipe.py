@@ -10,6 +10,7 @@ from stagedyolo.engine.options import YOLOV5_OPTIONS, engine_spec
 STAGE_KEYS = (
     "epochs",
     "img",
+    "val_img",
     "batch",
     "workers",
     "freeze",
@@ -63,12 +64,23 @@ def stage_spec(config: dict, stage: str) -> dict:
     spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
     if spec["device"] is None:
         spec["device"] = config["device"]
+    if spec["val_img"] is None:
+        spec["val_img"] = target_img(config)
     spec["engine"] = engine_spec(config.get("engine") or {}, spec["engine_mode"])
     # start_from: previous continues the previous stage's training (stagedyolo.engine.continuation), at the LR it
     # handed over unless the stage names its own lr0 (a jump it asks for; stage_defaults' lr0 is the first stage's).
     spec["continues"] = spec["start_from"] == "previous" and previous_stage(config, stage) is not None
     spec["lr_from_previous"] = spec["continues"] and "lr0" not in (config["stages"][stage] or {})
     return spec
+
+
+def target_img(config: dict) -> int | None:
+    """The recipe's target size: the image size its last stage trains at. Every stage validates at it unless it names
+    its own val_img, so each phase's mAP is the one the finished model will be used at (a phase at a smaller size is
+    judged at the target too), and the stages' fitness figures compare across the chain."""
+    last = config["stages"][stage_names(config)[-1]] or {}
+    img = last.get("img") or config["stage_defaults"].get("img")
+    return int(img) if img else None  # a partial config (tests, a check of one key) may name no size
 
 
 def stage_inputs(config: dict, stage: str) -> dict:
@@ -84,12 +96,16 @@ def stage_inputs(config: dict, stage: str) -> dict:
     }
 
 
-def image_store_sizes(config: dict) -> list[int]:
-    """Image sizes of the stages whose cache may be ram (auto or ram); [] when cache.prebuild_ram is off."""
+def image_store_sizes(config: dict) -> dict[str, list[int]]:
+    """Per split, the image sizes the stages whose cache may be ram (auto or ram) load it at: train at each stage's
+    img, val at its val_img. Empty when cache.prebuild_ram is off."""
     if not config["cache"].get("prebuild_ram", True):
-        return []
+        return {}
     specs = [stage_spec(config, stage) for stage in stage_names(config)]
-    return sorted({spec["img"] for spec in specs if spec["cache"] in ("auto", "ram")})
+    ram = [spec for spec in specs if spec["cache"] in ("auto", "ram")]
+    if not ram:
+        return {}
+    return {"train": sorted({spec["img"] for spec in ram}), "val": sorted({spec["val_img"] for spec in ram})}
 
 
 # The stage keys the probe decides when a stage leaves them at `auto`.

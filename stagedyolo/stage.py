@@ -338,7 +338,7 @@ def _prepare_work_dir(work_dir: Path, plan: StagePlan, env: dict, log) -> tuple[
 
     A checkpoint is reused only when the interrupted run had the same plan, batch included (the digest leaves
     out what may change between tries or machines, like the thread and worker counts), and only after loading it:
-    yolov5 strips last.pt (epoch -1) before its final validation, so a run killed from then on has finished training
+    yolov5 strips last.pt (epoch -1) once its training ends, so a run killed from then on has finished training
     and is published as it is (resuming it would fail on every rerun). Anything else is wiped: yolov5's --exist-ok
     into an old folder would append to its results.csv and add a second TensorBoard file. The attempt history
     survives a wipe, so out-of-memory retries keep halving the batch. Every wipe is logged with its reason.
@@ -358,7 +358,7 @@ def _prepare_work_dir(work_dir: Path, plan: StagePlan, env: dict, log) -> tuple[
         reason = _unusable_checkpoint(last, state, read_json(work_dir / "outcome.json"))
         if reason is None and state["epoch"] == FINISHED_EPOCH:
             log.write(
-                f"stagedyolo: {last} is a finished run (yolov5 stripped it before its final validation): "
+                f"stagedyolo: {last} is a finished run (yolov5 stripped it when its training ended): "
                 "publishing it without training again\n"
             )
             return None, True

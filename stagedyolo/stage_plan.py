@@ -35,6 +35,7 @@ class StagePlan(TypedDict, total=False):
     cfg: str
     epochs: int
     img: int
+    val_img: int  # the size its validation loader loads at (recipe.target_img unless the stage names one)
     batch: int  # total over the stage's GPUs
     workers: int  # per rank
     torch_threads: int  # per rank
@@ -155,6 +156,7 @@ def build_plan(
         cfg=cfg,
         epochs=spec["epochs"],
         img=spec["img"],
+        val_img=spec.get("val_img") or spec["img"],  # a hand-built spec without it validates as yolov5 does
         batch=resources.batch,
         workers=resources.workers,
         torch_threads=resources.torch_threads,

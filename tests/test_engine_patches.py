@@ -54,10 +54,11 @@ def test_schema_offers_the_table_modes_and_skippable_rows():
 def test_reproducible_applies_no_fast_row_and_fast_on_cpu_only_the_cpu_rows():
     reproducible = applied(ctx_for("reproducible"))
     assert not {p.name for p in PATCHES if p.fast_only} & set(reproducible)
-    assert set(applied(ctx_for("fast"))) - set(reproducible) == {"foreach_ema", "fused_optimizer"}
+    assert set(applied(ctx_for("fast"))) - set(reproducible) == {"final_validation", "foreach_ema", "fused_optimizer"}
     on_cuda = set(applied(ctx_for("fast", device="", compile=True))) - set(reproducible)
     assert on_cuda == {
         "sync_every_batches",
+        "final_validation",
         "nondeterministic",
         "channels_last",
         "compile",
@@ -239,7 +240,7 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     from stagedyolo.engine.train_module import patched_source
 
     ctx = EngineContext(
-        {"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100},
+        {"optimizer": "SGD", "nominal_batch": 64, "min_warmup_iters": 100, "img": 128, "val_img": 160},
         "",
         True,
         None,
@@ -251,21 +252,27 @@ def test_every_source_row_edits_the_installed_train_py_exactly_once(tmp_path):
     for patch in (p for p in PATCHES if p.phase == "source"):
         assert skip_reason(patch, ctx) is None, patch.name
         patch.apply(ctx)
-    assert len(ctx.source_edits) == 4 + len(patches.CONTINUATION_EDITS) and ctx.log_every == patches.LOG_EVERY
+    edits = 5 + len(patches.VAL_IMG_EDITS) + len(patches.CONTINUATION_EDITS)
+    assert len(ctx.source_edits) == edits and ctx.log_every == patches.LOG_EVERY
     source = Path(importlib.util.find_spec("yolov5.train").origin).read_text()
     edited = patched_source(source, ctx.source_edits)
     compile(edited, "train.py", "exec")
     assert "if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: pbar.set_description(" in edited
     assert "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):" in edited
+    assert patches.VAL_IMG_EDITS[0][1] in edited and "{_STAGEDYOLO_VAL_IMGSZ} val" in edited
+    assert "if f is best and not _STAGEDYOLO_SKIP_FINAL_VALIDATION:" in edited
     assert set(ctx.module_names) == {
         "_STAGEDYOLO_NOMINAL_BATCH",
         "_STAGEDYOLO_MIN_WARMUP_ITERS",
         "_STAGEDYOLO_LOG_EVERY",
         "_STAGEDYOLO_AUTOCAST_DTYPE",
+        "_STAGEDYOLO_SKIP_FINAL_VALIDATION",
+        "_STAGEDYOLO_VAL_IMGSZ",
         "_STAGEDYOLO_CONTINUATION",
         "_STAGEDYOLO_EPOCHS_BEFORE",
     }
     assert ctx.module_names["_STAGEDYOLO_AUTOCAST_DTYPE"] is torch.bfloat16
+    assert ctx.module_names["_STAGEDYOLO_VAL_IMGSZ"] == 160
     fp16 = ctx_for(device="")
     fp16.amp = True
     assert skip_reason(next(p for p in PATCHES if p.name == "amp_bf16"), fp16) is not None  # fp16: yolov5's source
@@ -350,17 +357,21 @@ def test_a_deferred_module_answers_what_import_and_inspect_read_without_running(
 
 
 def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp_path):
-    """deferred_imports and sourceless_inspect in a fresh process: train.py's and val.py's whole import chains leave
-    seaborn (and scipy.stats), matplotlib.pyplot and boto3 unexecuted, and the first use of each executes it;
-    yolov5.utils.general was executed by the sourceless-inspect loader, and inspect.stack is the real one again
-    afterwards."""
+    """deferred_imports, sourceless_inspect and lazy_dynamo in a fresh process: train.py's and val.py's whole import
+    chains leave seaborn (and scipy.stats), matplotlib.pyplot and boto3 unexecuted, and the first use of each executes
+    it; yolov5.utils.general was executed by the sourceless-inspect loader, and inspect.stack is the real one again
+    afterwards; torch._dynamo is not imported until roi_align's check asks for it, and the check answers as before."""
     code = textwrap.dedent("""
         import inspect, sys
         from stagedyolo.engine import compat
         compat.defer_imports()
         compat.sourceless_inspect()
+        compat.lazy_dynamo_in_torchvision()
         real_stack = inspect.stack
         import torch, yolov5.train, yolov5.val
+        print("dynamo:", "torch._dynamo" in sys.modules)
+        roi_align = sys.modules["torchvision.ops.roi_align"]
+        print("check:", roi_align.is_compile_supported("cpu"), "torch._dynamo" in sys.modules)
         def state():
             kinds = [type(sys.modules[name]).__name__ for name in ("seaborn", "matplotlib.pyplot", "boto3")]
             print("state:", *kinds, "scipy.stats" in sys.modules)
@@ -380,6 +391,7 @@ def test_yolov5_imports_with_the_import_shims_and_a_plot_still_loads_seaborn(tmp
     states = [line.split()[1:] for line in out.splitlines() if line.startswith("state:")]  # ultralytics prints too
     assert states == [["DeferredModule"] * 3 + ["False"], ["module"] * 3 + ["True"]], out
     assert "stack: _SourcelessInspectLoader True" in out.splitlines(), out
+    assert "dynamo: False" in out.splitlines() and "check: True True" in out.splitlines(), out
 
 
 def test_sourceless_inspect_reports_the_frames_filenames_lines_and_functions_inspect_does():

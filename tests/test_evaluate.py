@@ -13,8 +13,8 @@ from stagedyolo.evaluate import evaluate_for_rule, instance_counts, markdown, pe
 def test_a_class_absent_from_the_split_has_no_ap():
     # ap_per_class's return for classes 0 and 2 (class 1 has no instance): tp, fp, p, r, f1, ap (10 IoUs), classes
     ap = np.array([np.linspace(0.9, 0.5, 10), np.linspace(0.6, 0.2, 10)])
-    captured = {"result": (None, None, np.array([0.8, 0.5]), np.array([0.7, 0.4]), None, ap, np.array([0, 2]))}
-    rows = per_class(["a", "b", "c"], [3, 0, 1], captured)
+    scored = (None, None, np.array([0.8, 0.5]), np.array([0.7, 0.4]), None, ap, np.array([0, 2]))
+    rows = per_class(["a", "b", "c"], [3, 0, 1], scored)
     assert [r["instances"] for r in rows] == [3, 0, 1]
     assert rows[0]["ap50"] == 0.9 and rows[0]["ap50_95"] == ap[0].mean() and rows[2]["precision"] == 0.5
     assert rows[1] == {"class": "b", "instances": 0, "precision": None, "recall": None, "ap50": None, "ap50_95": None}
@@ -82,7 +82,7 @@ def test_when_nothing_is_detected_the_instances_still_count_and_score_zero(tmp_p
     )
     counts = instance_counts(split, 3)
     assert counts == [3, 0, 1]  # e's repeated row counts once, as val.py loads it; c and d have no objects
-    rows = per_class(["a", "b", "c"], counts, {})
+    rows = per_class(["a", "b", "c"], counts, None)
     assert [(r["instances"], r["ap50"], r["ap50_95"], r["precision"]) for r in rows] == [
         (3, 0.0, 0.0, 0.0),
         (0, None, None, None),

@@ -104,15 +104,15 @@ def test_other_failures_are_not_retried(tmp_path, tiny_data):
 
 
 @pytest.fixture
-def killed_in_final_validation(tmp_path, tiny_data, monkeypatch):
-    """A real stage SIGKILLed while yolov5 validates best.pt, i.e. after it stripped last.pt (epoch -1)."""
-    monkeypatch.setenv(FaultInjection.ENV, "stall@final_val")
+def killed_after_training(tmp_path, tiny_data, monkeypatch):
+    """A real stage SIGKILLed once its training ended, i.e. after yolov5 stripped last.pt (epoch -1)."""
+    monkeypatch.setenv(FaultInjection.ENV, "stall@train_end")
     log, failures = tmp_path / "s.log", []
     stage = threading.Thread(target=lambda: failures.append(_raised(run, tmp_path, tiny_data, attempt=1)))
     stage.start()
     deadline = time.time() + 600
-    while "stalling in the final validation" not in (log.read_text() if log.exists() else ""):
-        assert stage.is_alive() and time.time() < deadline, "the stage never reached its final validation"
+    while "stalling after training" not in (log.read_text() if log.exists() else ""):
+        assert stage.is_alive() and time.time() < deadline, "the stage never reached the end of its training"
         time.sleep(0.2)
     worker = next(p for p in psutil.Process().children() if "stagedyolo.engine.worker" in " ".join(p.cmdline()))
     os.killpg(worker.pid, signal.SIGKILL)
@@ -132,8 +132,8 @@ def _raised(function, *args, **kwargs):
     return None
 
 
-def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again(killed_in_final_validation, tiny_data):
-    tmp_path = killed_in_final_validation
+def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again(killed_after_training, tiny_data):
+    tmp_path = killed_after_training
     run(tmp_path, tiny_data, attempt=1)  # a rerun after the kill, as `snakemake` would start it
     log = (tmp_path / "s.log").read_text()
     assert "is a finished run" in log and log.count("Starting training") == 1
@@ -147,8 +147,8 @@ def test_a_stage_killed_after_its_last_epoch_is_published_without_training_again
     assert [a["status"] for a in attempts] == ["error", "ok"] and "finished checkpoint" in attempts[-1]["message"]
 
 
-def test_a_checkpoint_that_does_not_load_is_wiped_and_the_stage_trains_again(killed_in_final_validation, tiny_data):
-    tmp_path = killed_in_final_validation
+def test_a_checkpoint_that_does_not_load_is_wiped_and_the_stage_trains_again(killed_after_training, tiny_data):
+    tmp_path = killed_after_training
     last = tmp_path / "work" / "s" / "weights" / "last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # torn, as a full disk or a bad copy leaves it
     run(tmp_path, tiny_data, attempt=1)

@@ -31,7 +31,9 @@ def staged(tmp_path):
     return tmp_path / "cache" / "data.yaml"
 
 
-def decide(staged, tmp_path, sizes):
+def decide(staged, tmp_path, sizes, val_sizes=None):
+    """cache_dataset in ram mode with stores for ``sizes`` (train and val, unless ``val_sizes`` are given)."""
+    store_sizes = {"train": sizes, "val": sizes if val_sizes is None else val_sizes} if sizes else {}
     return cache_dataset(
         str(staged),
         str(tmp_path / "cache.json"),
@@ -39,7 +41,7 @@ def decide(staged, tmp_path, sizes):
         0.3,
         max(sizes or [128]),
         log=lambda *_: None,
-        store_sizes=sizes,
+        store_sizes=store_sizes,
     )
 
 
@@ -48,11 +50,19 @@ def test_cache_dataset_decodes_once_into_the_working_copy_and_keeps_an_up_to_dat
     d = decide(staged, tmp_path, [128, 160, 100])
     store = d["store"]
     assert d["mode"] == "ram" and store["root"] == str(tmp_path / "cache")
-    assert store["sizes"] == [128, 160] and store["decoded"] == 16  # 100 is trained at 128 (stride 32)
+    assert store["sizes"] == {"train": [128, 160], "val": [128, 160]}  # 100 is trained at 128 (stride 32)
+    assert store["decoded"] == 16
     assert store_path(store["root"], 128, True).is_dir() and store_path(store["root"], 160, False).is_dir()
     assert sorted(p.name for p in (tmp_path / "src").rglob("*")) == src_before  # the user's dataset untouched
     assert decide(staged, tmp_path, [128, 160])["store"]["decoded"] == 0  # a second run reuses it
     assert decide(staged, tmp_path, [])["store"]["root"] is None  # cache.prebuild_ram: false
+
+
+def test_each_split_is_stored_only_at_the_sizes_its_loaders_load_it_at(staged, tmp_path):
+    """Stages train at 128 and 160 and all validate at the 160-px target: no val store at 128."""
+    store = decide(staged, tmp_path, [128, 160], val_sizes=[160])["store"]
+    assert sorted(p.name for p in (tmp_path / "cache" / STORE_DIR).iterdir()) == ["128-train", "160-train", "160-val"]
+    assert store["sizes"] == {"train": [128, 160], "val": [160]}
 
 
 def test_store_too_big_for_the_disk_is_not_built(staged, tmp_path, monkeypatch):
@@ -101,7 +111,7 @@ def test_a_kill_between_blob_and_index_never_pairs_a_new_blob_with_the_old_index
     src = make_dataset(tmp_path / "src", n_train=3, n_val=1)
     stage_dataset(str(src), validate_dataset(str(src)), str(tmp_path / "cache"), exclude=set())
     train = staged_images(str(tmp_path / "cache" / "data.yaml"))["train"]
-    build_store(tmp_path / "cache", {"train": train[:2]}, [64])
+    build_store(tmp_path / "cache", {"train": train[:2]}, {"train": [64]})
     real_replace = os.replace
 
     def killed_before_the_index(src_path, dst_path):
@@ -111,7 +121,7 @@ def test_a_kill_between_blob_and_index_never_pairs_a_new_blob_with_the_old_index
 
     monkeypatch.setattr(image_store.os, "replace", killed_before_the_index)
     with pytest.raises(KeyboardInterrupt):
-        build_store(tmp_path / "cache", {"train": train[1:]}, [64])
+        build_store(tmp_path / "cache", {"train": train[1:]}, {"train": [64]})
     monkeypatch.undo()
     _, index = open_store(tmp_path / "cache", 64, True)
     assert index is None or sorted(index) == train[1:]

@@ -61,12 +61,18 @@ def test_every_stage_publishes_weights_results_and_a_valid_timing_report(tiny_ru
         for epoch in timing["epochs"]:
             assert epoch["data_wait_s"] + epoch["compute_s"] == pytest.approx(epoch["train_s"], rel=0.05)
         assert not (run / "work" / stage).exists(), "a finished stage leaves no work folder behind"
+        assert timing["config"]["val_img"] == 96, f"{stage} validated at another size than the target"
+    smoke_log = (run / "logs" / "stages" / "smoke.log").read_text()
+    assert "Image sizes 64 train, 96 val" in smoke_log  # trains at its own size, validates at the target's
+    frozen_log = (run / "logs" / "stages" / "frozen.log").read_text()
+    assert (run / "stages" / "frozen" / "weights" / "best.pt").is_file() and "Validating " not in frozen_log
 
 
 def test_the_images_are_decoded_once_per_run_not_in_every_stage(tiny_run):
     _, run, _ = tiny_run
     store = json.loads((run / "data" / "cache.json").read_text())["store"]
-    assert store["root"] and store["sizes"] == [64, 96] and store["decoded"] > 0, store  # cache_dataset decoded them
+    assert store["root"] and store["decoded"] > 0, store  # cache_dataset decoded them
+    assert store["sizes"] == {"train": [64, 96], "val": [96]}  # every stage validates at the 96-px target
     for stage in STAGES:
         setup = json.loads((run / "stages" / stage / "timing.json").read_text())["setup_detail"]
         assert (setup["cache_source"], setup["cache_images_decoded"]) == ("prebuilt", 0), (stage, setup)
@@ -189,6 +195,7 @@ def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
         ("telemetry={interval_s: 0.5}", 4),  # every stage samples at it
         ("model={cfg: yolov5s.yaml}", 4),  # every stage builds from it (and the demo weights are pretrained anew)
         ("tune={measure_batches: 7}", 0),  # no tiny stage tunes: none reads the window
+        ("stages={highres: {img: 128}}", 4),  # the target size: every stage validates at it
     ],
 )
 def test_a_config_setting_outside_the_stage_reruns_exactly_the_stages_that_read_it(tiny_run, change, stages_rerun):
@@ -253,6 +260,7 @@ def test_the_test_split_is_scored_per_class_and_reported(tiny_run):
     ]
     assert len(list((run / "demo" / "target" / "images" / "test").glob("*.jpg"))) == 8
     assert [c["class"] for c in metrics["classes"]] == ["circle", "square", "triangle"]
+    assert {"ap_per_class_record", "atomic_save"} <= {row["name"] for row in metrics["patches"] if row["applied"]}
     assert [c["instances"] for c in metrics["classes"]] == [labels.count(str(k)) for k in range(3)]
     for row in [metrics["all"], *(c for c in metrics["classes"] if c["instances"])]:
         assert 0 <= row["ap50_95"] <= row["ap50"] <= 1

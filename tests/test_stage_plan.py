@@ -3,7 +3,7 @@ import yaml
 
 from stagedyolo.engine.options import base_hyp, stage_hyp
 from stagedyolo.probe.rule import worker_candidates
-from stagedyolo.recipe import previous_stage, probe_batches, probe_needed, stage_spec
+from stagedyolo.recipe import image_store_sizes, previous_stage, probe_batches, probe_needed, stage_spec
 from stagedyolo.stage_plan import cpu_budget, scaled_lr0
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
@@ -19,6 +19,14 @@ def test_stage_spec_merges_defaults_with_the_stage():
     assert spec["device"] == CONFIG["device"]  # null stage device falls back to the top-level one
     assert previous_stage(CONFIG, "finetune") == "frozen"
     assert previous_stage(CONFIG, "smoke") is None
+
+
+def test_every_stage_validates_at_the_last_stages_size_unless_it_names_its_own():
+    config = {**CONFIG, "stages": {"a": {"img": 96}, "b": {"img": 128, "val_img": 128}, "c": {"img": 192}}}
+    assert [stage_spec(config, stage)["val_img"] for stage in "abc"] == [192, 128, 192]
+    untold = {**config, "stages": {**config["stages"], "c": {}}}  # the last stage at stage_defaults' img
+    assert stage_spec(untold, "a")["val_img"] == CONFIG["stage_defaults"]["img"]
+    assert image_store_sizes(config) == {"train": [96, 128, 192], "val": [128, 192]}  # no val store at 96
 
 
 def test_a_stage_after_the_first_continues_at_the_handed_over_lr_unless_it_names_its_own():

@@ -33,7 +33,13 @@ def data(tmp_path_factory):
     stage_dataset(str(src), validate_dataset(str(src)), str(root / "cache"), exclude=set())
     staged = root / "cache" / "data.yaml"
     decision = cache_dataset(
-        str(staged), str(root / "cache.json"), "ram", 0.3, 64, log=lambda *_: None, store_sizes=[64]
+        str(staged),
+        str(root / "cache.json"),
+        "ram",
+        0.3,
+        64,
+        log=lambda *_: None,
+        store_sizes={"train": [64], "val": [64]},
     )
     return str(staged), decision["store"]["root"]
 

@@ -258,11 +258,12 @@ def cache_dataset(
     max_img: int,
     log_path: str | None = None,
     log=print,
-    store_sizes: list[int] | None = None,
+    store_sizes: dict[str, list[int]] | None = None,
 ) -> dict:
     """The cache_dataset rule: decide the mode, prebuild the .npy files when it is disk, and when it is ram decode
-    the images once into the store every stage's RAM cache is served from (``store_sizes``: the image sizes the
-    stages train at; None or empty builds none, and each stage's yolov5 caches by itself). Writes the decision JSON."""
+    the images once into the store every stage's RAM cache is served from (``store_sizes``: per split, the image
+    sizes the stages load it at, recipe.image_store_sizes; None or empty builds none, and each stage's yolov5 caches
+    by itself). Writes the decision JSON."""
     log = tee_log(log, log_path)
     decision = decide_cache_mode(mode, data, max_img, safety_margin=safety_margin)
     log(f"cache mode {decision['mode']} (requested {mode}): {decision['reason']}")
@@ -276,7 +277,7 @@ def cache_dataset(
             f"removed, {len(p['unreadable'])} unreadable, {p['seconds']} s"
         )
     if decision["mode"] == "ram":
-        decision["store"] = prebuild_ram_store(data, decision, store_sizes or [])
+        decision["store"] = prebuild_ram_store(data, decision, store_sizes or {})
         log(f"image store: {decision['store']['reason']}")
     else:
         decision["stores_removed"] = drop_stores(staged_root(data))  # no stage reads a store in this mode
@@ -285,7 +286,7 @@ def cache_dataset(
     return decision
 
 
-def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) -> dict:
+def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: dict[str, list[int]]) -> dict:
     """Build the image store (stagedyolo.dataset.image_store) in the working copy when its files fit on the cache
     dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}. A store no stage will read
     (other sizes, or none built) is deleted: each holds every image at one size."""
@@ -296,9 +297,9 @@ def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: list[int]) 
             "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
             "removed": drop_stores(root),
         }
-    sizes = sorted({trained_img(s) for s in sizes})  # the size yolov5 really trains at
-    # The RAM estimate is for the largest size; smaller sizes need less. Train and val stores hold one copy each.
-    need = decision["ram_needed_bytes"] * len(sizes)
+    sizes = {split: sorted({trained_img(s) for s in split_sizes}) for split, split_sizes in sizes.items()}
+    # The RAM estimate (train and val) is for the largest size; smaller sizes need less.
+    need = decision["ram_needed_bytes"] * max(len(split_sizes) for split_sizes in sizes.values())
     if need > decision["disk_budget_bytes"]:
         return {
             "root": None,

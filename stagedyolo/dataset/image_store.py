@@ -1,14 +1,14 @@
 """Decode the dataset once per run; every stage's RAM cache is then served from it, not rebuilt.
 
 yolov5's ``--cache ram`` decodes and resizes every image in every stage process (on an H200 run each stage spent
-4-18 s in set-up). The cache_dataset rule instead writes, per image size a stage trains at, the images exactly as
-yolov5's ``load_image`` returns them (long side = img, INTER_LINEAR for the augmented train loader, INTER_AREA when
-the val loader shrinks) into one flat ``images.u8`` file plus an index. A stage memory-maps that file copy-on-write:
-set-up opens it instead of decoding, the pages are shared through the page cache by every stage, loader worker and
-DDP rank, and no write can reach the file. The store lives in the working copy (the pipeline's own folder in
-cache.dir), never in the user's dataset. An image whose file changed since the store was built is decoded in the
-stage, as yolov5 would. Stores of sizes no stage trains at any more are deleted (GBs each), as is a failed build's
-temporary blob.
+4-18 s in set-up). The cache_dataset rule instead writes, per split and image size a stage loads it at (train at
+its img, val at its val_img), the images exactly as yolov5's ``load_image`` returns them (long side = img,
+INTER_LINEAR for the augmented train loader, INTER_AREA when the val loader shrinks) into one flat ``images.u8`` file
+plus an index. A stage memory-maps that file copy-on-write: set-up opens it instead of decoding, the pages are shared
+through the page cache by every stage, loader worker and DDP rank, and no write can reach the file. The store lives
+in the working copy (the pipeline's own folder in cache.dir), never in the user's dataset. An image whose file
+changed since the store was built is decoded in the stage, as yolov5 would. Stores no stage loads any more are
+deleted (GBs each), as is a failed build's temporary blob.
 
 Layout: ``<working copy>/.imgstore/<img>-<interp>/images.u8`` and ``index.json``:
 ``{"images": {path: [offset, h, w, h0, w0, mtime_ns, size]}, ...}``.
@@ -53,17 +53,18 @@ def resize_like_yolov5(im: np.ndarray, img: int, augment: bool) -> np.ndarray:
     return cv2.resize(im, (math.ceil(w0 * r), math.ceil(h0 * r)), interpolation=interp)
 
 
-def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: list[int]) -> dict:
-    """Write one store per (size, split kind) in the working copy ``root`` (a folder the pipeline owns; its lock is
-    held). Each image is decoded once and resized to every size. A store already up to date is kept; stores of other
-    sizes are deleted. Returns {"dir", "sizes", "stores", "images", "decoded", "removed", "bytes", "seconds"}."""
+def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: dict[str, list[int]]) -> dict:
+    """Write one store per split and size in ``sizes`` (split -> the sizes its loaders load it at) in the working
+    copy ``root`` (a folder the pipeline owns; its lock is held). Each image is decoded once and resized to every size
+    it needs. A store already up to date is kept; other stores are deleted. Returns {"dir", "sizes", "stores",
+    "images", "decoded", "removed", "bytes", "seconds"}."""
     t0 = time.monotonic()
     with locked(root):
         _drop_temps(Path(root))
         stores, todo = {}, []
         for split, files in images_by_split.items():
             augment = split == "train"
-            for img in sorted(set(sizes)):
+            for img in sorted(set(sizes.get(split, ()))):
                 path = store_path(root, img, augment)
                 if not _up_to_date(path, files):
                     todo.append((path, img, augment, files))
@@ -72,7 +73,7 @@ def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: 
         removed = _drop_stores_but(Path(root), {Path(p).name for p in stores})
     return {
         "dir": str(Path(root) / STORE_DIR),
-        "sizes": sorted(set(sizes)),
+        "sizes": {split: sorted(set(split_sizes)) for split, split_sizes in sizes.items()},
         "stores": stores,
         "images": len({f for files in images_by_split.values() for f in files}),
         "decoded": decoded,

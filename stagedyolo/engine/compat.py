@@ -32,6 +32,18 @@ DEFERRED_IMPORTS = ("seaborn", "matplotlib.pyplot", "requests", "boto3")
 # (benchmarks/results/process_overhead.md; most of print_args's 1.4 s was seaborn, which a deferred module no longer
 # executes for such a search: MODULE_IDENTITY).
 SOURCELESS_INSPECT_MODULE = "yolov5.utils.general"
+# torchvision 0.29's ops/roi_align.py imports torch._dynamo at its top (torch.fx's symbolic shapes, sympy, FSDP) for
+# one check inside roi_align(), which yolov5 never calls; every yolov5 process imports it through torchvision.ops.
+# Executed with that import moved into the check, torch._dynamo loads on the first roi_align call (or whatever else
+# needs it, such as torch.compile), not at import.
+LAZY_DYNAMO_MODULE = "torchvision.ops.roi_align"
+DYNAMO_IMPORT = "from torch._dynamo.utils import is_compile_supported\n"
+DYNAMO_ON_CALL = """\
+def is_compile_supported(device_type):  # stagedyolo: torch._dynamo is imported on the first call
+    from torch._dynamo.utils import is_compile_supported as supported
+
+    return supported(device_type)
+"""
 
 
 def quiet_engine_warnings() -> None:
@@ -120,6 +132,36 @@ class SourcelessInspectFinder(LoaderWrappingFinder):
     then gives it sourceless_inspect_module() as its `inspect`."""
 
     wrap_loader = _SourcelessInspectLoader
+
+
+def torchvision_source(relative: str) -> str | None:
+    """A torchvision file's source, found without importing torchvision (whose import is what a shim may change)."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), relative)
+    return open(path, encoding="utf-8").read() if os.path.exists(path) else None
+
+
+def lazy_dynamo_in_torchvision() -> None:
+    """Before torchvision is imported: LAZY_DYNAMO_MODULE executes with its torch._dynamo import moved into the check
+    that uses it."""
+    if not any(isinstance(finder, LazyDynamoFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, LazyDynamoFinder((LAZY_DYNAMO_MODULE,)))
+
+
+class _LazyDynamoLoader(WrappedLoader):
+    def exec_module(self, module):
+        source = self.loader.get_source(module.__name__)
+        if DYNAMO_IMPORT not in (source or ""):  # another torchvision: as it is
+            self.loader.exec_module(module)
+            return
+        edited = source.replace(DYNAMO_IMPORT, DYNAMO_ON_CALL, 1)
+        exec(compile(edited, self.loader.get_filename(module.__name__), "exec"), module.__dict__)
+
+
+class LazyDynamoFinder(LoaderWrappingFinder):
+    wrap_loader = _LazyDynamoLoader
 
 
 def defer_imports() -> None:
@@ -225,6 +267,24 @@ def atomic_torch_save() -> None:
     atomic_save._stagedyolo_atomic = True
     atomic_save.plain_save = plain_save
     torch.save = atomic_save
+
+
+def record_ap_per_class() -> None:
+    """Record what yolov5's val.py gets from ap_per_class (its per-class precision, recall and AP) as
+    ``val.ap_per_class.last``: val.run returns per-class mAP with the mean filled in for classes absent from the
+    split, so the test evaluation reads the recorded figures instead. Recording changes no value."""
+    from yolov5 import val
+
+    if hasattr(val.ap_per_class, "last"):
+        return
+    ap_per_class = val.ap_per_class
+
+    def recording(*stats, **kwargs):
+        recording.last = ap_per_class(*stats, **kwargs)
+        return recording.last
+
+    recording.last = None
+    val.ap_per_class = recording
 
 
 def install_onnx_export() -> None:

@@ -38,8 +38,8 @@ def handover_path(last: str | Path) -> Path:
 
 def read_handover(path: str | Path, torch) -> dict:
     """What the next stage needs to know before train.py starts: the LR the stage handed over, how many epochs the
-    training has run, and the fitness it reached at which image size. Raises ValueError when the file is not a
-    handover checkpoint."""
+    training has run, and the fitness it reached, validated at which image size (a checkpoint from before the
+    `val_img` row was validated at its training size). Raises ValueError when the file is not a handover checkpoint."""
     ckpt = torch.load(str(path), map_location="cpu", weights_only=False)  # this run's own file (docs/robustness.md)
     if not ckpt.get("optimizer") or ckpt.get("ema") is None:
         raise ValueError(f"{path} holds no optimizer or EMA state (a stripped checkpoint): it cannot be continued")
@@ -48,7 +48,7 @@ def read_handover(path: str | Path, torch) -> dict:
         "lr": float(groups[0]["lr"]),
         "recipe_epochs": int(ckpt.get("recipe_epochs", ckpt["epoch"] + 1)),
         "fitness": float(ckpt.get("best_fitness") or 0.0),
-        "img": (ckpt.get("opt") or {}).get("imgsz"),
+        "val_img": ckpt.get("val_img") or (ckpt.get("opt") or {}).get("imgsz"),
     }
 
 

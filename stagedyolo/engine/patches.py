@@ -27,6 +27,7 @@ from stagedyolo.engine.continuation import Continuation
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLossGuard, ValidationSchedule, register
 from stagedyolo.engine.stopping import EpochStop, GainStall
 from stagedyolo.engine.train_module import load_train
+from stagedyolo.yolov5_facts import trained_img
 
 MODES = ("fast", "reproducible")
 DEFAULT_MODE = "fast"
@@ -103,6 +104,12 @@ def _pillow_has_getsize(ctx) -> str | None:
     return "Pillow still has FreeTypeFont.getsize" if "getsize" in vars(ImageFont.FreeTypeFont) else None
 
 
+def _roi_align_imports_dynamo(ctx) -> str | None:
+    if compat.DYNAMO_IMPORT in (compat.torchvision_source("ops/roi_align.py") or ""):
+        return None
+    return "torchvision's roi_align.py does not import torch._dynamo at its top"
+
+
 def _ddp_timeout(ctx) -> None:
     from stagedyolo.launch import bound_init_process_group_timeout
 
@@ -160,6 +167,33 @@ _LOG_EVERY_EDIT = _source_edit(
 )
 
 
+# After the loop, train.py validates best.pt again (loading it first); `results` then keeps the final epoch's own.
+FINAL_VALIDATION_EDIT = (
+    "                if f is best:\n                    LOGGER.info(f'\\nValidating {f}...')",
+    "                if f is best and not _STAGEDYOLO_SKIP_FINAL_VALIDATION:\n"
+    "                    LOGGER.info(f'\\nValidating {f}...')",
+)
+
+
+def _final_validation_off(ctx: EngineContext) -> None:
+    ctx.source_edits.append(FINAL_VALIDATION_EDIT)
+    ctx.module_names["_STAGEDYOLO_SKIP_FINAL_VALIDATION"] = True
+
+
+VAL_IMG_EDITS = (
+    (
+        "val_loader = create_dataloader(val_path,\n                                       imgsz,",
+        "val_loader = create_dataloader(val_path,\n                                       _STAGEDYOLO_VAL_IMGSZ,",
+    ),
+    ("f'Image sizes {imgsz} train, {imgsz} val\\n'", "f'Image sizes {imgsz} train, {_STAGEDYOLO_VAL_IMGSZ} val\\n'"),
+)
+
+
+def _val_img(ctx: EngineContext) -> None:
+    ctx.source_edits.extend(VAL_IMG_EDITS)
+    ctx.module_names["_STAGEDYOLO_VAL_IMGSZ"] = trained_img(ctx.plan.get("val_img") or ctx.plan["img"])
+
+
 CONTINUATION_EDITS = (
     (
         "        del ckpt, csd",
@@ -172,7 +206,8 @@ CONTINUATION_EDITS = (
     (
         "                    'updates': ema.updates,",
         "                    'updates': ema.updates, 'scaler': scaler.state_dict(),\n"
-        "                    'recipe_epochs': _STAGEDYOLO_EPOCHS_BEFORE + epoch + 1,",
+        "                    'recipe_epochs': _STAGEDYOLO_EPOCHS_BEFORE + epoch + 1,\n"
+        "                    'val_img': val_loader.dataset.img_size,",
     ),
 )
 
@@ -399,6 +434,18 @@ PATCHES: tuple[Patch, ...] = (
         phase="process",
     ),
     Patch(
+        "lazy_dynamo",
+        "torchvision.ops.roi_align's module-level `from torch._dynamo.utils import is_compile_supported`",
+        "it imports torch._dynamo (torch.fx's symbolic shapes, sympy, FSDP) into every yolov5 process for a check "
+        "inside roi_align(), which yolov5 never calls; the import moves into that check",
+        "torchvision whose roi_align.py has that line (0.29)",
+        "a stage process's engine imports 3.42 -> 2.24 s (medians of 5 alternating processes, 2-core CPU, "
+        "benchmarks/results/engine_imports.md)",
+        lambda ctx: compat.lazy_dynamo_in_torchvision(),
+        _roi_align_imports_dynamo,
+        phase="process",
+    ),
+    Patch(
         "ddp_timeout",
         "torch.distributed.init_process_group default timeout",
         "yolov5 passes none, so one dead rank leaves the others waiting 3 h",
@@ -424,6 +471,18 @@ PATCHES: tuple[Patch, ...] = (
         "always (the default 100 is yolov5's)",
         "see nominal_batch (measured together)",
         WARMUP_FLOOR_EDIT,
+        phase="source",
+    ),
+    Patch(
+        "val_img",
+        "train.py's validation loader (`create_dataloader(val_path, imgsz, ...)`) and its log line",
+        "yolov5 validates at the training size; a phase that trains at a smaller size is judged at the recipe's "
+        "target size instead (the stage's val_img), so its mAP50 is the finished model's and its fitness compares "
+        "with the other stages'",
+        "always (val_img equal to img is yolov5's own; training is unchanged either way)",
+        "demo, stages trained at 128 px validated at 160: mAP50 0.774 vs 0.753 at 128 (frozen), 0.986 vs 0.988 "
+        "(finetune); the target-size rows come stages earlier (benchmarks/results/recipe_ablation.md)",
+        _val_img,
         phase="source",
     ),
     Patch(
@@ -456,6 +515,19 @@ PATCHES: tuple[Patch, ...] = (
         "GPU: open (no GPU here); on the CPU there is nothing to wait for",
         _sync_every_batches,
         _cuda_only,
+        fast_only=True,
+        phase="source",
+    ),
+    Patch(
+        "final_validation",
+        "train.py after the epoch loop: `if f is best:` loads best.pt and validates it again",
+        "the final epoch is always validated in the loop and best.pt's figures are in results.csv; validating it "
+        "again is one more validation pass per stage, between stages, while nothing trains (the evaluate job tests "
+        "the published weights)",
+        "fast mode (reproducible mode validates best.pt again, as yolov5)",
+        "demo (2-core CPU): 0.7-0.8 s per stage that saves best.pt (val phase minus the epochs' own validations, "
+        "timing.json); on a GPU one pass over the val set per stage",
+        _final_validation_off,
         fast_only=True,
         phase="source",
     ),
@@ -585,6 +657,16 @@ PATCHES: tuple[Patch, ...] = (
         "none: the exporter yolov5 7.0 was written for",
         lambda ctx: compat.install_onnx_export(),
         _onnx_has_dynamo,
+        phase="job",
+    ),
+    Patch(
+        "ap_per_class_record",
+        "yolov5.val.ap_per_class",
+        "val.run returns per-class mAP with the mean filled in for classes absent from the split; the test "
+        "evaluation reads ap_per_class's own per-class figures, recorded as val.py calls it",
+        "the test evaluation job",
+        "none: it records, it changes no value",
+        lambda ctx: compat.record_ap_per_class(),
         phase="job",
     ),
 )

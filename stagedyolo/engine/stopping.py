@@ -24,7 +24,7 @@ PATIENCE, TIME_BUDGET, STALL = "patience", "time_budget", "stall"
 class GainStall:
     """Hand over when a phase stops paying: its validated fitness gain per second fell below ``fraction`` of the
     best gain per second this stage has had. The first interval runs from the stage's start and the fitness the
-    previous stage handed over (``fitness_before``, when it was validated at this stage's image size); without it the
+    previous stage handed over (``fitness_before``, when it was validated at this stage's val_img); without it the
     rule needs three validations. ``figures`` lists every interval: what the decision was made from."""
 
     def __init__(self, fraction: float, fitness_before: float | None):

@@ -27,6 +27,7 @@ from stagedyolo.jsonio import write_json
 from stagedyolo.launch import STAGE_DEVICES_ENV, exit_when_parent_dies, explicit_gpu_indices
 from stagedyolo.progress import ProgressReport
 from stagedyolo.telemetry import StageTimer
+from stagedyolo.yolov5_facts import trained_img
 
 # yolov5 reads RANK when imported; only rank 0 (or a single process, -1) reports.
 REPORTING_RANK = int(os.environ.get("RANK", -1)) in (-1, 0)
@@ -158,7 +159,7 @@ def take_up_plan(plan: dict, torch) -> dict | None:
         return None
     handover = read_handover(plan["weights"], torch)
     plan["recipe_epochs_before"] = handover["recipe_epochs"]
-    if handover["img"] == plan["img"]:  # a fitness at another image size is not a starting point for this one
+    if handover["val_img"] == trained_img(plan.get("val_img") or plan["img"]):  # else not comparable
         plan["fitness_before"] = handover["fitness"]
     if plan.get("lr_from_previous"):
         plan["hyp"]["lr0"] = handover["lr"]

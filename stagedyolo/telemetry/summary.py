@@ -340,6 +340,7 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
             "amp_dtype",
             "amp_reason",
             "img",
+            "val_img",
             "cache",
             "device",
             "epochs",
