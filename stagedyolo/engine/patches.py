@@ -439,7 +439,7 @@ PATCHES: tuple[Patch, ...] = (
         "it imports torch._dynamo (torch.fx's symbolic shapes, sympy, FSDP) into every yolov5 process for a check "
         "inside roi_align(), which yolov5 never calls; the import moves into that check",
         "torchvision whose roi_align.py has that line (0.29)",
-        "a stage process's engine imports 3.42 -> 2.24 s (medians of 5 alternating processes, 2-core CPU, "
+        "a stage process's engine imports 3.12 -> 2.12 s (medians of 5 alternating processes, 2-core CPU, "
         "benchmarks/results/engine_imports.md)",
         lambda ctx: compat.lazy_dynamo_in_torchvision(),
         _roi_align_imports_dynamo,
