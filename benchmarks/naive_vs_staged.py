@@ -22,11 +22,11 @@ Datasets:
 - `mixed` (added 2026-12-03, this paragraph written before its first figures): benchmarks/make_mixed.py, a second
   untuned set unlike both (JPEGs of six sizes and both orientations, 480-960 px wide, cluttered backgrounds with
   distractor strokes, 0-7 objects of 5 classes 12-160 px across, about one image in ten without objects),
-  `--mixed-train`/`--mixed-val` 128/32 images at a larger target size, `--mixed-img` 320 px; everything else as
+  `--mixed-train`/`--mixed-val` 96/24 images at a larger target size, `--mixed-img` 320 px; everything else as
   det (yolov5's default hyp, the same recipe shape through untuned_config, the demo's pretrained.pt), with
   `--mixed-frozen` 6 and `--mixed-finetune` 12 (20 epochs: smoke 2, frozen 2, finetune 12 at 256 px, highres 4 at
   320) and control budgets `--mixed-budgets` 10,20: what three repeats of every side cost on this 2-core CPU at
-  320 px (about 50 min). The recipe's smaller size is 0.8 of the target in steps of 32 (untuned_config: 128 for
+  320 px (about 40 min). The recipe's smaller size is 0.8 of the target in steps of 32 (untuned_config: 128 for
   det's 160, as before; 256 for 320).
 
 Sides, in every repeat:
@@ -132,7 +132,7 @@ class Untuned:
 
 UNTUNED = {
     "det": Untuned(make_det640, train=320, val=80, img=160, frozen=14, finetune=14, budgets="15,30"),
-    "mixed": Untuned(make_mixed, train=128, val=32, img=320, frozen=6, finetune=12, budgets="10,20"),
+    "mixed": Untuned(make_mixed, train=96, val=24, img=320, frozen=6, finetune=12, budgets="10,20"),
 }
 SIZE_FIELDS = ("train", "val", "img", "frozen", "finetune")
 
