@@ -107,7 +107,10 @@ def run_val(
 
     from stagedyolo.engine.worker import resolve_device
 
-    val.ap_per_class.last = None  # the ap_per_class_record row's; val.py calls it only when a detection is right
+    recorder = val.ap_per_class  # the ap_per_class_record row's (engine_job applies it)
+    if not hasattr(recorder, "last"):
+        raise RuntimeError("the ap_per_class_record patch row is not applied: run the evaluation inside engine_job")
+    recorder.last = None  # val.py calls it only when some detection is right
     (mp, mr, map50, map50_95, *_losses), _maps, _map50s, speed = val.run(
         data=str(Path(data_yaml).resolve()),
         weights=str(Path(weights).resolve()),
@@ -131,7 +134,7 @@ def run_val(
         "img": img,
         "single_cls": single_cls,
         "all": {"precision": float(mp), "recall": float(mr), "ap50": float(map50), "ap50_95": float(map50_95)},
-        "classes": per_class(names, counts, val.ap_per_class.last),
+        "classes": per_class(names, counts, recorder.last),
         "ms_per_image": dict(zip(("pre", "inference", "nms"), speed)),
     }
 

@@ -8,7 +8,7 @@ table (`python -m stagedyolo.engine.patches`), and a test keeps the two equal.
 Modes (`engine.mode`, per run or per stage):
 - `reproducible`: only the rows yolov5 needs to run here and that change no number it computes; a stage trains
   bit-identically to `python -m yolov5.train` at the same settings (tests/test_engine_patches.py checks per-step
-  losses on the CPU).
+  losses on the CPU). A stage whose val_img differs from its img validates at val_img (its training is the same).
 - `fast`: those rows plus the speed rows, each behind a guard (most need CUDA). `engine.skip_patches` turns named
   speed rows off, for a machine where one measures slower, and for benchmarks/engine_speed.py's per-row effects.
 AMP is not a row of this table's modes: `amp` decides it for both modes (stagedyolo.engine.amp.decide_amp).
@@ -481,7 +481,8 @@ PATCHES: tuple[Patch, ...] = (
         "with the other stages'",
         "always (val_img equal to img is yolov5's own; training is unchanged either way)",
         "demo, stages trained at 128 px validated at 160: mAP50 0.774 vs 0.753 at 128 (frozen), 0.986 vs 0.988 "
-        "(finetune); the target-size rows come stages earlier (benchmarks/results/recipe_ablation.md)",
+        "(finetune); the demo reaches mAP50 0.5 at 160 px in its frozen stage instead of its last "
+        "(benchmarks/results/naive_vs_staged.md)",
         _val_img,
         phase="source",
     ),
