@@ -13,14 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from stage_specs import small_stage_spec
+from stage_specs import small_stage_plan, small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.engine import patches
 from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.patches import PATCHES, EngineContext, skip_reason
 from stagedyolo.jsonio import write_json
-from stagedyolo.stage_plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = small_stage_spec(
@@ -91,16 +90,7 @@ def test_a_stage_engine_mode_overrides_the_run_and_reaches_the_plan(tmp_path):
     }
     assert stage_spec(config, "a")["engine"] == {"mode": "fast", "compile": False, "skip_patches": ["fused_optimizer"]}
     spec = {**SPEC, "engine": stage_spec(config, "b")["engine"]}
-    plan = build_plan(
-        spec,
-        stage="b",
-        data=tmp_path / "d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "w",
-    )
+    plan = small_stage_plan(spec, tmp_path, stage="b")
     assert plan["engine"]["mode"] == "reproducible"
 
 
@@ -204,14 +194,10 @@ def _loss_trace(kind: str, plan: dict, tmp_path: Path, name: str) -> list:
 
 def test_reproducible_mode_trains_bit_identically_to_yolov5_and_fast_mode_closely(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
-    plan = build_plan(
+    plan = small_stage_plan(
         {**SPEC, "engine": {"mode": "reproducible", "compile": False, "skip_patches": []}},
-        stage="s",
+        tmp_path,
         data=data,
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
         work_dir=tmp_path / "unused",
     )
     bare = _loss_trace("bare", plan, tmp_path, "bare")
@@ -467,16 +453,7 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
     stage reads its handover (which unpickles yolov5's model classes) only once the shims are in place."""
     weights = handover_checkpoint(tmp_path / "continue.pt") if continues else None
     spec = {**SPEC, "continues": continues, "lr_from_previous": continues}
-    plan = build_plan(
-        spec,
-        stage="a",
-        data=tmp_path / "d.yaml",
-        weights=weights,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "w",
-    )
+    plan = small_stage_plan(spec, tmp_path, stage="a", weights=weights)
     write_json(tmp_path / "plan.json", plan)
     # Called from a module imported late, as train.main's module is: inspect has not mapped its file to a module
     # yet, so reading its source would search sys.modules.

@@ -5,12 +5,11 @@ import sys
 import pytest
 import yaml
 from snakemake_runner import REPO, make_workdir, snakemake
-from stage_specs import small_stage_spec
+from stage_specs import small_stage_plan, small_stage_spec
 
 from stagedyolo.config import ConfigError, check_config
 from stagedyolo.engine.options import YOLOV5_OPTIONS
 from stagedyolo.recipe import STAGE_KEYS, stage_spec
-from stagedyolo.stage_plan import build_plan
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -70,16 +69,7 @@ def test_an_option_set_in_the_config_reaches_yolov5s_resolved_opt(tmp_path, trai
     assert default != NON_DEFAULT[option]
     config = {**CONFIG, "stages": {"only": {option: NON_DEFAULT[option]}}}
     spec = {**SPEC, **{k: v for k, v in stage_spec(config, "only").items() if k in YOLOV5_OPTIONS}}
-    plan = build_plan(
-        spec,
-        stage="only",
-        data=tmp_path / "data.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "work",
-    )
+    plan = small_stage_plan(spec, tmp_path, stage="only", data=tmp_path / "data.yaml", work_dir=tmp_path / "work")
     (tmp_path / "work").mkdir()  # the supervisor's, where build_opt writes the stage's hyp file
     opt = build_opt(train_module, plan, "cpu")
     assert getattr(opt, option) == NON_DEFAULT[option]
@@ -88,16 +78,7 @@ def test_an_option_set_in_the_config_reaches_yolov5s_resolved_opt(tmp_path, trai
 def test_options_left_unset_keep_yolov5s_defaults_except_patience(tmp_path, train_module):
     from stagedyolo.engine.worker import build_opt
 
-    plan = build_plan(
-        SPEC,
-        stage="s",
-        data=tmp_path / "data.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "work",
-    )
+    plan = small_stage_plan(SPEC, tmp_path, data=tmp_path / "data.yaml", work_dir=tmp_path / "work")
     (tmp_path / "work").mkdir()
     opt = build_opt(train_module, plan, "cpu")
     assert (opt.cos_lr, opt.rect, opt.label_smoothing, opt.save_period, opt.seed) == (False, False, 0.0, -1, 0)
@@ -134,16 +115,7 @@ def test_single_cls_for_the_whole_run_is_fine():
     check_config(config, REPO)
 
 
-def test_save_period_zero_reaches_yolov5_as_its_off_value():
+def test_save_period_zero_reaches_yolov5_as_its_off_value(tmp_path):
     # yolov5's loggers compute epoch % save_period on every save: 0 would divide by zero mid-stage.
-    plan = build_plan(
-        {**SPEC, "save_period": 0},
-        stage="s",
-        data="d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir="w",
-    )
+    plan = small_stage_plan({**SPEC, "save_period": 0}, tmp_path)
     assert plan["options"]["save_period"] == -1

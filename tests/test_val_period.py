@@ -5,27 +5,17 @@ import json
 
 import pandas as pd
 import pytest
-from stage_specs import small_stage_spec
+from stage_specs import small_stage_plan, small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
 from stagedyolo.stage import run_stage
-from stagedyolo.stage_plan import build_plan
 
 SPEC = small_stage_spec(epochs=7, val_period=3)
 
 
 def test_val_period_validates_every_n_epochs_and_the_final_one(tmp_path):
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
-    plan = build_plan(
-        SPEC,
-        stage="s",
-        data=data,
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "work" / "s",
-    )
+    plan = small_stage_plan(SPEC, tmp_path, data=data, work_dir=tmp_path / "work" / "s")
     run_stage(plan, stage_dir=tmp_path / "s", attempt=1, log_path=tmp_path / "s.log", engine_home=tmp_path / "e")
 
     results = pd.read_csv(tmp_path / "s" / "results.csv", skipinitialspace=True)
@@ -43,16 +33,8 @@ def test_val_period_validates_every_n_epochs_and_the_final_one(tmp_path):
 
 @pytest.mark.parametrize(("workers", "expected"), [(3, 3), ("auto", 0)])
 def test_explicit_workers_override_the_probe(tmp_path, workers, expected):
-    plan = build_plan(
-        {**SPEC, "workers": workers, "batch": "auto"},
-        stage="s",
-        data=tmp_path / "d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=2,
-        work_dir=tmp_path / "w",
-        probe_choice={"workers": 0, "batch": 32},
+    plan = small_stage_plan(
+        {**SPEC, "workers": workers, "batch": "auto"}, tmp_path, threads=2, probe_choice={"workers": 0, "batch": 32}
     )
     assert plan["workers"] == expected
     assert plan["batch"] == 32  # batch: auto takes the probe's
@@ -62,15 +44,6 @@ def test_explicit_workers_override_the_probe(tmp_path, workers, expected):
     ("scaling", "batch", "lr0"), [("none", 128, 0.002), ("linear", 128, 0.004), ("linear", 16, 0.002)]
 )
 def test_lr_scaling_linear_reaches_the_hyp_file_and_none_leaves_lr0_alone(tmp_path, scaling, batch, lr0):
-    plan = build_plan(
-        {**SPEC, "lr_scaling": scaling, "batch": batch},
-        stage="s",
-        data=tmp_path / "d.yaml",
-        weights=None,
-        cfg="yolov5n.yaml",
-        cache_mode="none",
-        threads=1,
-        work_dir=tmp_path / "w",
-    )
+    plan = small_stage_plan({**SPEC, "lr_scaling": scaling, "batch": batch}, tmp_path)
     assert plan["hyp"]["lr0"] == pytest.approx(lr0)  # linear: 128 / 64 = 2x; at 16 accumulation already equalises
     assert plan["hyp"]["warmup_bias_lr"] <= plan["hyp"]["lr0"]
