@@ -471,6 +471,13 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
         print("state:", *deferred, type(general.__loader__).__name__)
         print("rows:", " ".join(row["name"] for row in patches))
         print("lr0:", engine.plan["hyp"]["lr0"], taken_up and taken_up["lr0_source"])
+        engine.train.init_seeds(0, deterministic=True)  # as train.py starts every stage, then one step
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+        optimizer = engine.train.smart_optimizer(model, engine.plan["optimizer"], 0.01, 0.9, 1e-5)
+        model(torch.rand(2, 3, 8, 8)).sum().backward()
+        optimizer.step(), optimizer.zero_grad(), optimizer.load_state_dict(optimizer.state_dict())
+        compiler = [name in sys.modules for name in ("torch._dynamo", "torch._inductor")]
+        print("trained:", torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled(), *compiler)
     """)
     )
     env = engine_environment(tmp_path / "engine")
@@ -482,10 +489,72 @@ def test_the_worker_applies_the_process_rows_before_it_first_imports_yolov5(tmp_
         check=True,
     )
     out = run.stdout + run.stderr
-    lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(("state:", "rows:", "lr0:")))
+    prefixes = ("state:", "rows:", "lr0:", "trained:")
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if line.startswith(prefixes))
+    assert lines["trained"] == "True True False False", out  # seeded and stepped; the compiler never loaded
     assert lines["state"] == "DeferredModule DeferredModule DeferredModule _SourcelessInspectLoader", out
     assert lines["rows"].split() == [p.name for phase in patches.PHASES for p in PATCHES if p.phase == phase]
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # colorstr's colours
     assert "first_log_line: epochs=3" in plain  # yolov5's own format: the caller's file stem, then the arguments
     expected = "0.005 the previous stage's handover" if continues else f"{SPEC['lr0']} None"
     assert lines["lr0"] == expected  # the NaN guard and the hyp file read the LR the stage takes up
+
+
+def test_compiler_unloaded_steps_as_torch_does_and_sets_the_flags():
+    """In a fresh process: SGD and AdamW steps after the row give the weights torch's own wrappers give, with grad
+    mode restored and torch._dynamo never imported; the deterministic flag reaches torch, and inductor's config once
+    a process imported it. With engine.compile the row is off."""
+    code = textwrap.dedent("""
+        import sys, types, torch
+        from stagedyolo.engine import compat
+        def two_steps(optimizer_class, **options):
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 2)
+            optimizer = optimizer_class(model.parameters(), lr=0.1, **options)
+            for _ in range(2):
+                model(torch.ones(3, 4)).square().sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            optimizer.load_state_dict(optimizer.state_dict())
+            return model.weight.detach().clone()
+        cases = [(torch.optim.SGD, {"momentum": 0.9, "nesterov": True}), (torch.optim.AdamW, {"weight_decay": 0.01})]
+        found = compat.compiler_wrapped_optimizer_methods()
+        compat.compiler_left_unloaded()
+        after = [two_steps(cls, **options) for cls, options in cases]
+        print("after:", len(found) > 0, compat.compiler_wrapped_optimizer_methods(), torch.is_grad_enabled(),
+              "torch._dynamo" in sys.modules)
+        inductor_config = sys.modules[compat.INDUCTOR_CONFIG] = types.SimpleNamespace(deterministic=False)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        print("flags:", torch.are_deterministic_algorithms_enabled(), inductor_config.deterministic)
+        del sys.modules[compat.INDUCTOR_CONFIG]
+        import inspect, torch._dynamo  # the reference: torch's own step wrapper, on a subclass of each
+        from torch.optim.optimizer import _use_grad_for_differentiable
+        for cls, options in cases:
+            reference = type(cls.__name__, (cls,), {"step": _use_grad_for_differentiable(inspect.unwrap(cls.step))})
+            print("same:", torch.equal(after.pop(0), two_steps(reference, **options)))
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["after: True [] True False", "flags: True True", "same: True", "same: True"]
+    row = PATCHES[[p.name for p in PATCHES].index("compiler_unloaded")]
+    assert skip_reason(row, ctx_for("fast", device="", compile=True)) == (
+        "engine.compile is true: the compiler loads and traces"
+    )
+
+
+def test_local_weights_answer_none_for_a_file_or_no_weights_and_ask_yolov5_for_anything_else(tmp_path, monkeypatch):
+    """The row answers for train.py's own call and for attempt_download's, in yolov5's downloads module."""
+    from yolov5.utils import downloads
+
+    asked = []
+    monkeypatch.setattr(downloads, "attempt_download_from_hub", lambda repo_id, **kw: asked.append(repo_id) or "h.pt")
+    train = SimpleNamespace(attempt_download=downloads.attempt_download, attempt_download_from_hub=None)
+    ctx = ctx_for("reproducible")
+    ctx.train = train
+    patches._local_weights(ctx)
+    weights = tmp_path / "last.pt"
+    weights.write_bytes(b"")
+    assert train.attempt_download_from_hub is downloads.attempt_download_from_hub
+    assert train.attempt_download_from_hub(str(weights)) is None
+    assert train.attempt_download_from_hub("") is None
+    assert train.attempt_download_from_hub("keremberke/yolov5n-license-plate") == "h.pt"
+    assert asked == ["keremberke/yolov5n-license-plate"]

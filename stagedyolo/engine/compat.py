@@ -34,8 +34,9 @@ DEFERRED_IMPORTS = ("seaborn", "matplotlib.pyplot", "requests", "boto3")
 SOURCELESS_INSPECT_MODULE = "yolov5.utils.general"
 # torchvision 0.29's ops/roi_align.py imports torch._dynamo at its top (torch.fx's symbolic shapes, sympy, FSDP) for
 # one check inside roi_align(), which yolov5 never calls; every yolov5 process imports it through torchvision.ops.
-# Executed with that import moved into the check, torch._dynamo loads on the first roi_align call (or whatever else
-# needs it, such as torch.compile), not at import.
+# Executed with that import moved into the check, torch._dynamo loads on the first roi_align call or whatever else
+# needs it, not at import. torch 2.14's optimizers import it when built and at each step, so a process that trains
+# (a stage, the probe) still loads it, before its first step; the export and the test evaluation never do.
 LAZY_DYNAMO_MODULE = "torchvision.ops.roi_align"
 DYNAMO_IMPORT = "from torch._dynamo.utils import is_compile_supported\n"
 DYNAMO_ON_CALL = """\
@@ -44,6 +45,13 @@ def is_compile_supported(device_type):  # stagedyolo: torch._dynamo is imported 
 
     return supported(device_type)
 """
+
+# torch 2.14 imports its compiler (torch._dynamo, 1.7-1.9 s on the 2-core demo machine) into every process that
+# trains, for calls that only act while the compiler traces: torch.optim's step wrapper (_use_grad_for_differentiable)
+# calls torch._dynamo.graph_break() around every step, its _disable_dynamo wrappers (add_param_group, zero_grad,
+# state_dict, load_state_dict) wrap the method in torch._dynamo.disable on first call, and use_deterministic_algorithms
+# (yolov5's init_seeds) imports torch._inductor.config to hand the compiler the flag.
+INDUCTOR_CONFIG = "torch._inductor.config"
 
 
 def quiet_engine_warnings() -> None:
@@ -148,6 +156,64 @@ def lazy_dynamo_in_torchvision() -> None:
     that uses it."""
     if not any(isinstance(finder, LazyDynamoFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, LazyDynamoFinder((LAZY_DYNAMO_MODULE,)))
+
+
+def compiler_left_unloaded() -> None:
+    """For a process that never compiles, torch's calls that would import its compiler only for what the compiler
+    reads run without it: each torch.optim step sets grad mode as its wrapper does, minus the graph breaks; the
+    _disable_dynamo wrappers call their method directly (what they do once dynamo is loaded, outside a trace); and
+    use_deterministic_algorithms sets torch's flag, and inductor's copy only where INDUCTOR_CONFIG is imported."""
+    import torch
+
+    for cls, name, kind, method in compiler_wrapped_optimizer_methods():
+        if kind == "step":
+            setattr(cls, name, _grad_mode_step(method, torch))
+        else:
+            setattr(method, "__dynamo_disable", method)  # the wrapper's cache of the disabled method
+    if INDUCTOR_CONFIG in getattr(torch.use_deterministic_algorithms, "__code__", compile("", "", "exec")).co_names:
+
+        def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+            inductor_config = sys.modules.get(INDUCTOR_CONFIG)
+            if inductor_config is not None:
+                inductor_config.deterministic = mode
+            torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+        torch.use_deterministic_algorithms = use_deterministic_algorithms
+
+
+def compiler_wrapped_optimizer_methods() -> list[tuple]:
+    """(class, name, kind, method) for each method of torch.optim's optimizers that a wrapper still imports
+    torch._dynamo for: kind "step" (the step wrapper) or "disable" (a _disable_dynamo wrapper not yet called). The
+    wrappers are recognised by their code object, so another torch's wrappers are left as they are."""
+    import torch
+    from torch.optim import optimizer
+
+    codes = {
+        optimizer._use_grad_for_differentiable(lambda self: None).__code__: "step",
+        torch._disable_dynamo(lambda: None).__code__: "disable",
+    }
+    found, classes = [], [optimizer.Optimizer]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        for name, attribute in vars(cls).items():
+            kind, method = codes.get(getattr(attribute, "__code__", None)), getattr(attribute, "__wrapped__", None)
+            if kind and method is not None and getattr(method, "__dynamo_disable", None) is None:
+                found.append((cls, name, kind, method))
+    return found
+
+
+def _grad_mode_step(step, torch):
+    @functools.wraps(step)
+    def grad_mode_step(self, *args, **kwargs):
+        grad_enabled = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(grad_enabled)
+
+    return grad_mode_step
 
 
 class _LazyDynamoLoader(WrappedLoader):

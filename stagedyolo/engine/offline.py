@@ -31,19 +31,19 @@ def prepare_config_dir(config_dir: str | os.PathLike) -> Path:
     check_dataset() -> check_font() fetches Arial.ttf when it is missing, which is fatal offline. Any TTF under
     that name works, so we copy matplotlib's bundled DejaVuSans (it also covers non-ASCII class names).
     """
-    import matplotlib
-
     from stagedyolo.jsonio import replaced_atomically
 
     config_dir = Path(config_dir)
     config_dir.mkdir(parents=True, exist_ok=True)
-    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
-    for name in ("Arial.ttf", "Arial.Unicode.ttf"):
-        target = config_dir / name
-        if not target.exists():
-            # Two stages may prepare the folder at once: each copies to a temporary file of its own, then renames.
-            with open(font, "rb") as source, replaced_atomically(target, "wb") as copy:
-                shutil.copyfileobj(source, copy)
+    missing = [config_dir / name for name in ("Arial.ttf", "Arial.Unicode.ttf") if not (config_dir / name).exists()]
+    if missing:  # once per run: importing matplotlib costs every later stage 0.2-0.3 s on the demo machine
+        import matplotlib
+
+        font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    for target in missing:
+        # Two stages may prepare the folder at once: each copies to a temporary file of its own, then renames.
+        with open(font, "rb") as source, replaced_atomically(target, "wb") as copy:
+            shutil.copyfileobj(source, copy)
     return config_dir
 
 

@@ -110,6 +110,14 @@ def _roi_align_imports_dynamo(ctx) -> str | None:
     return "torchvision's roi_align.py does not import torch._dynamo at its top"
 
 
+def _compiler_imported(ctx: EngineContext) -> str | None:
+    if ctx.compile:
+        return "engine.compile is true: the compiler loads and traces"
+    if not compat.compiler_wrapped_optimizer_methods():
+        return "this torch's optimizers have no wrappers that import torch._dynamo"
+    return None
+
+
 def _ddp_timeout(ctx) -> None:
     from stagedyolo.launch import bound_init_process_group_timeout
 
@@ -247,6 +255,18 @@ def _epoch_stop(ctx: EngineContext) -> None:
         ctx.plan.get("time_budget_s"), ctx.schedule, started_at=ctx.started_at, stall=GainStall.for_plan(ctx.plan)
     )
     ctx.train.EarlyStopping = ctx.stop.early_stopping
+
+
+def _local_weights(ctx: EngineContext) -> None:
+    downloads = sys.modules[ctx.train.attempt_download.__module__]  # attempt_download asks the hub too
+    lookup = downloads.attempt_download_from_hub
+
+    def attempt_download_from_hub(repo_id, hf_token=None, revision=None):
+        if not repo_id or os.path.isfile(repo_id):
+            return None  # yolov5's own answer for no weights or a file: not a hub repository id
+        return lookup(repo_id, hf_token=hf_token, revision=revision)
+
+    ctx.train.attempt_download_from_hub = downloads.attempt_download_from_hub = attempt_download_from_hub
 
 
 def _ram_cache_store(ctx: EngineContext) -> None:
@@ -439,10 +459,25 @@ PATCHES: tuple[Patch, ...] = (
         "it imports torch._dynamo (torch.fx's symbolic shapes, sympy, FSDP) into every yolov5 process for a check "
         "inside roi_align(), which yolov5 never calls; the import moves into that check",
         "torchvision whose roi_align.py has that line (0.29)",
-        "a stage process's engine imports 3.12 -> 2.12 s (medians of 5 alternating processes, 2-core CPU, "
-        "benchmarks/results/engine_imports.md)",
+        "the engine imports 3.12 -> 2.12 s (medians of 5 alternating processes, 2-core CPU, "
+        "benchmarks/results/engine_imports.md); kept by the export and test-evaluation processes. A process that "
+        "trains loads torch._dynamo at its first step all the same (torch 2.14's optimizers import it in "
+        "Optimizer.__init__ and step): no change to a stage's or the probe's time to its first step",
         lambda ctx: compat.lazy_dynamo_in_torchvision(),
         _roi_align_imports_dynamo,
+        phase="process",
+    ),
+    Patch(
+        "compiler_unloaded",
+        "torch.optim's step and _disable_dynamo wrappers, torch.use_deterministic_algorithms (train.py's init_seeds)",
+        "each imports torch._dynamo (and torch._inductor's config) into a process that never compiles, for what only "
+        "acts while the compiler traces (graph breaks around every step, dynamo.disable, inductor's copy of the "
+        "deterministic flag); grad mode, the methods and torch's flag are as before",
+        "engine.compile off, and a torch whose optimizers carry those wrappers (2.14)",
+        "torch._dynamo's import: 1.7-1.9 s per training process on the 2-core demo machine (stage workers, the "
+        "probe); stage set-up before and after: benchmarks/results/engine_imports.md",
+        lambda ctx: compat.compiler_left_unloaded(),
+        _compiler_imported,
         phase="process",
     ),
     Patch(
@@ -549,6 +584,15 @@ PATCHES: tuple[Patch, ...] = (
         "always",
         "no download; AMP is what `amp` says (stagedyolo.engine.amp)",
         _amp_decision,
+    ),
+    Patch(
+        "local_weights",
+        "train.attempt_download_from_hub and yolov5.utils.downloads' (which train.py's attempt_download calls)",
+        "train.py asks the Hugging Face hub about every --weights twice, a local file included; the question imports "
+        "huggingface_hub's client, whose answer for a file or no weights is always None",
+        "always (any other name still goes to yolov5's lookup, offline: HF_HUB_OFFLINE)",
+        "0.25 s less per stage process on the 2-core demo machine (yolov5's lookup of a local file, timed alone)",
+        _local_weights,
     ),
     Patch(
         "val_period",
