@@ -1,6 +1,6 @@
 """What a stage process pays before its first training step: this tree against a baseline commit, side by side.
 
-    python benchmarks/engine_imports.py --baseline <commit> [--repeats 5]
+    python benchmarks/engine_imports.py --baseline <commit> --change "<what the tree changes>" [--repeats 5]
 
 Each repeat starts two fresh processes, alternating (baseline, this tree, baseline, ...) so a drift in the shared
 machine's speed reaches both arms alike. Each does what the stage worker does before training, under the engine's
@@ -12,7 +12,8 @@ init_seeds(deterministic=True), yolov5's smart_optimizer on a yolov5n model, one
 PYTHONPATH. Per process: both seconds, which of the modules the tree defers (stagedyolo.engine.compat.DEFERRED_IMPORTS)
 are still unexecuted after the imports, and whether torch._dynamo was loaded by the end.
 
-Targets, fixed before each first run:
+Targets, fixed before each first run (each belongs to the change it was set for; a run reports both, and `--change`
+says which change it measures):
 - imports (a pilot of 3 processes per arm measured 7.1-8.5 s at 011af91 and 5.6-6.9 s with matplotlib.pyplot,
   requests and boto3 deferred): the tree's median import seconds at most 0.92 of the baseline's; in every tree process
   seaborn, matplotlib.pyplot and boto3 unexecuted (requests is executed in a stage all the same: train.py imports
@@ -142,6 +143,8 @@ def markdown(result: dict) -> list[str]:
         "the baseline's and to the first step at most 0.80; seaborn, matplotlib.pyplot and boto3 unexecuted and "
         "torch._dynamo not loaded in every tree process.",
         "",
+        f"The change measured: {result['change']}.",
+        "",
         "| arm | imports s (each) | median | to the first step s (each) | median | unexecuted after the imports | "
         "torch._dynamo loaded |",
         "|---|---|---:|---|---:|---|---|",
@@ -170,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="the commit to compare with")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--change", required=True, help="what the tree changes against the baseline, for the record")
     args = parser.parse_args()
     baseline, tree = commit_of(args.baseline), commit_of("HEAD")
     work = WORK / "engine_imports"
@@ -194,6 +198,7 @@ def main() -> None:
         "machine": machine_info(),
         "baseline": baseline,
         "tree": tree,
+        "change": args.change,
         "repeats": args.repeats,
         "processes": processes,
         "summary": summarise(processes),
