@@ -474,8 +474,8 @@ PATCHES: tuple[Patch, ...] = (
         "acts while the compiler traces (graph breaks around every step, dynamo.disable, inductor's copy of the "
         "deterministic flag); grad mode, the methods and torch's flag are as before",
         "engine.compile off, and a torch whose optimizers carry those wrappers (2.14)",
-        "torch._dynamo's import: 1.7-1.9 s per training process on the 2-core demo machine (stage workers, the "
-        "probe); stage set-up before and after: benchmarks/results/engine_imports.md",
+        "a stage process's start to its first step 6.75 -> 4.65 s (medians of 5 alternating processes, 2-core CPU, "
+        "benchmarks/results/engine_imports.md); the probe's process measures that much longer within its budget",
         lambda ctx: compat.compiler_left_unloaded(),
         _compiler_imported,
         phase="process",
