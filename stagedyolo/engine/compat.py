@@ -170,7 +170,8 @@ def compiler_left_unloaded() -> None:
             setattr(cls, name, _grad_mode_step(method, torch))
         else:
             setattr(method, "__dynamo_disable", method)  # the wrapper's cache of the disabled method
-    if INDUCTOR_CONFIG in getattr(torch.use_deterministic_algorithms, "__code__", compile("", "", "exec")).co_names:
+    flag_code = getattr(torch.use_deterministic_algorithms, "__code__", None)
+    if flag_code is not None and INDUCTOR_CONFIG in flag_code.co_names:  # names a module it imports: torch's own
 
         def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
             inductor_config = sys.modules.get(INDUCTOR_CONFIG)
