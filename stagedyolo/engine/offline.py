@@ -36,10 +36,11 @@ def prepare_config_dir(config_dir: str | os.PathLike) -> Path:
     config_dir = Path(config_dir)
     config_dir.mkdir(parents=True, exist_ok=True)
     missing = [config_dir / name for name in ("Arial.ttf", "Arial.Unicode.ttf") if not (config_dir / name).exists()]
-    if missing:  # once per run: importing matplotlib costs every later stage 0.2-0.3 s on the demo machine
-        import matplotlib
+    if not missing:  # every stage after the first: importing matplotlib would cost it 0.2-0.3 s on the demo machine
+        return config_dir
+    import matplotlib
 
-        font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
     for target in missing:
         # Two stages may prepare the folder at once: each copies to a temporary file of its own, then renames.
         with open(font, "rb") as source, replaced_atomically(target, "wb") as copy:
