@@ -8,13 +8,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from recipe_ablation import BEST, SIDES, ablated, analyse_repeat, markdown, summarise  # noqa: E402
+from naive_vs_staged import FIXED_TARGETS, UNTUNED, untuned_config  # noqa: E402
+from recipe_ablation import BEST, JUDGED, SIDES, ablated, analyse_repeat, markdown, summarise  # noqa: E402
 
 SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
 
 
-def _differences(side: str) -> set[tuple[str, str]]:
-    before, after = SHIPPED["stages"], ablated(SHIPPED, side)["stages"]
+def _differences(side: str, config: dict = SHIPPED) -> set[tuple[str, str]]:
+    before, after = config["stages"], ablated(config, side)["stages"]
     keys = {(stage, key) for stage in before for key in {*before[stage], *after[stage]}}
     return {(stage, key) for stage, key in keys if before[stage].get(key) != after[stage].get(key)}
 
@@ -25,6 +26,16 @@ def test_each_side_takes_out_one_part_and_nothing_else():
     assert ("smoke", "start_from") not in _differences("no_continuity")  # the first stage starts the training anyway
     assert {key for _, key in _differences("no_resolution")} == {"img"}
     assert _differences("no_freezing") == {("frozen", "freeze")}
+
+
+def test_on_the_untuned_set_the_sides_take_out_the_same_parts_of_its_recipe_and_judge_it_at_its_target_size():
+    mixed = UNTUNED["mixed"]
+    config = untuned_config("mixed", Path("data.yaml"), Path("w.pt"), mixed.img, mixed.frozen, mixed.finetune)
+    assert {key for _, key in _differences("no_continuity", config)} == {"start_from"}
+    assert _differences("no_freezing", config) == {("frozen", "freeze")}
+    assert {key for _, key in _differences("no_resolution", config)} == {"img"}
+    assert {stage["img"] for stage in ablated(config, "no_resolution")["stages"].values()} == {mixed.img} == {320}
+    assert JUDGED["mixed"][0] == 320 and JUDGED["demo"] == (160, FIXED_TARGETS)
 
 
 def _run(wall, *points):
@@ -38,14 +49,14 @@ def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
         "no_resolution": _run(130, (50, 0.75)),  # never reaches 0.9 or the staged best
         "no_freezing": _run(90, (30, 0.6), (70, 0.96)),
     }
-    repeat = analyse_repeat(runs)
+    repeat = analyse_repeat(runs, 160, FIXED_TARGETS)
     assert repeat["targets"][BEST] == 0.95
     assert repeat["ratio_vs_staged"]["no_continuity"]["0.5"] == {"ratio": 1.5, "kind": "measured"}
     assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["kind"].startswith("lower bound")
     assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] == 130 / 80
     assert repeat["ratio_vs_staged"]["no_freezing"][BEST]["ratio"] == 70 / 80
-    summary = summarise([repeat, repeat, repeat])
+    summary = summarise([repeat, repeat, repeat], FIXED_TARGETS)
     assert summary["ratio_vs_staged"]["no_continuity"]["0.5"]["ratio"]["median"] == 1.5
     assert summary["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] is None  # bounds are not medians
-    table = "\n".join(markdown({"repeats": 3, "summary": summary}))
+    table = "\n".join(markdown({"dataset": "demo", "repeats": 3, "summary": summary}))
     assert all(f"| {side} |" in table for side in SIDES)

@@ -231,136 +231,23 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
     """Combine the raw timer record, the sampler CSV and the stage meta into the timing dict (see the schema).
 
     ``raw``: ``StageTimer.raw()`` (None/{} when the worker wrote nothing). ``wall_s``: supervisor wall time of the
-    stage (all attempts). ``meta``: stage, batch, workers, amp, img, cache, device, epochs, attempts, threads, gpus
-    (+ optional gpu_names / sampler info).
+    stage (all attempts). ``meta``: worker_launch.timing_meta (stage, batch, workers, amp, img, cache, device,
+    epochs, attempts, threads, gpus, sampler info, ...).
     """
-    raw = dict(raw or {})
-    meta = dict(meta or {})
+    raw, meta = dict(raw or {}), dict(meta or {})
     warnings: list[str] = []
-    epochs_raw = list(raw.get("epochs") or [])
-    final = raw.get("final") or {}
-
-    # ---------------------------------------------------------------- epochs
-    # DDP: the timer runs on rank 0 and counts its own share of each batch; DistributedSampler splits evenly
-    world = int(finite(meta.get("gpus")) or 1) if (finite(meta.get("gpus")) or 1) > 1 else 1
-    epochs = []
-    for e in epochs_raw:
-        train_s = finite(e.get("train_s")) or 0.0
-        images = int(e.get("images") or 0) * world
-        batches = int(e.get("batches") or 0)
-        epochs.append(
-            {
-                "epoch": int(e.get("epoch", len(epochs))),
-                "complete": bool(e.get("complete", False)),
-                "train_s": round(train_s, 4),
-                "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
-                "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
-                "val_s": round(finite(e.get("val_s")) or 0.0, 4),
-                "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
-                "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
-                "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
-                "batches": batches,
-                "images": images,
-                "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
-                "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
-                "compute_p50_s": finite(e.get("compute_p50_s")),
-                "data_wait_p90_s": finite(e.get("data_wait_p90_s")),
-                "validated": bool(e.get("validated", False)),
-                "saved": bool(e.get("saved", False)),
-            }
-        )
-
-    # ---------------------------------------------------------------- phases
-    ph = {
-        "setup": finite(raw.get("setup_s")) or 0.0,
-        "train": sum(e["train_s"] for e in epochs),
-        "val": sum(e["val_s"] for e in epochs) + (finite(final.get("val_s")) or 0.0),
-        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (finite(final.get("checkpoint_s")) or 0.0),
-        "logging": sum(e["logging_s"] for e in epochs) + (finite(final.get("logging_s")) or 0.0),
-    }
-    if raw.get("setup_s") is None:
-        warnings.append("setup time unknown (no process start or on_train_start)")
-    measured = sum(ph.values())
-    wall = finite(wall_s)
-    if wall is None:
-        wall = measured
-        warnings.append("wall_s not given: using the sum of measured phases")
-    if measured > wall + 1e-6:
-        warnings.append(f"measured phases ({measured:.3f} s) exceed wall_s ({wall:.3f} s): wall_s raised to match")
-        wall = measured
-    ph["other"] = max(wall - measured, 0.0)
-    phases = {k: {"s": round(ph[k], 4), "share": round(ph[k] / wall, 5) if wall > 0 else 0.0} for k in PHASES}
-
-    # ---------------------------------------------------------------- throughput
+    # DDP: the timer runs on rank 0 and counts its own share of each batch; DistributedSampler splits evenly.
+    world = max(int(finite(meta.get("gpus")) or 1), 1)
+    epochs = [epoch_row(e, index, world) for index, e in enumerate(raw.get("epochs") or [])]
+    wall, phases = phase_shares(raw, epochs, finite(wall_s), warnings)
     complete = [e for e in epochs if e["complete"] and e["train_s"] > 0] or [e for e in epochs if e["train_s"] > 0]
     steady = complete[1:] if len(complete) > 1 else complete
-    basis = STEADY_BASIS if len(complete) > 1 else ("the only epoch" if complete else "no epochs")
-    st_train = sum(e["train_s"] for e in steady)
-    throughput = {
-        "steady_images_per_s": round(sum(e["images"] for e in steady) / st_train, 3) if st_train > 0 else None,
-        "steady_it_per_s": round(sum(e["batches"] for e in steady) / st_train, 4) if st_train > 0 else None,
-        "steady_epoch_train_s": round(st_train / len(steady), 4) if steady else None,
-        "basis": basis,
-        "steady_epochs": [e["epoch"] for e in steady],
-        "rank0_images_scale": world,
-    }
-
-    def dw_share(es):
-        dw = sum(e["data_wait_s"] for e in es)
-        cp = sum(e["compute_s"] for e in es)
-        return round(dw / (dw + cp), 5) if dw + cp > 0 else None
-
-    data_wait = {
-        "share": dw_share(epochs),
-        "steady_share": dw_share(steady),
-        "data_wait_s": round(sum(e["data_wait_s"] for e in epochs), 4),
-        "compute_s": round(sum(e["compute_s"] for e in epochs), 4),
-    }
-    if len(complete) > 1 and throughput["steady_epoch_train_s"]:
-        feo = round(complete[0]["train_s"] / throughput["steady_epoch_train_s"], 4)
-        feo_reason = None
-    else:
-        feo, feo_reason = None, "needs at least 2 complete epochs"
-
-    # ---------------------------------------------------------------- telemetry
+    throughput = steady_throughput(complete, steady, world)
     cols, rows = read_telemetry(telemetry_csv)
     if telemetry_csv is not None and not rows:
         warnings.append("telemetry.csv missing or empty")
     win_rows, window = _window(rows, finite(raw.get("train_start_unix")), finite(raw.get("train_end_unix")))
     gpu = _gpu_section(cols, rows, win_rows, window, raw.get("memory") or {}, meta)
-    cpu = _cpu_section(cols, rows, win_rows)
-
-    b = meta.get("batch")
-    config = {
-        k: meta.get(k)
-        for k in (
-            "batch",
-            "workers",
-            "amp",
-            "amp_dtype",
-            "amp_reason",
-            "img",
-            "val_img",
-            "cache",
-            "device",
-            "epochs",
-            "threads",
-            "gpus",
-            "val_period",
-            "plots",
-            "nosave",
-            "nominal_batch",
-            "patience",
-            "time_budget_s",
-            "handover_on_stall",
-        )
-    }
-    config["effective_batch"] = effective_batch(b, meta.get("nominal_batch"))
-    sd = {
-        "imports_s": finite(raw.get("setup_imports_s")),
-        "build_s": finite(raw.get("setup_build_s")),
-        **image_cache_detail(meta.get("image_cache")),
-    }
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": meta.get("stage"),
@@ -370,15 +257,26 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "wall_s": round(wall, 4),
         "clock": {k: finite(raw.get(f"{k}_unix")) for k in ("process_start", "train_start", "train_end")},
         "phases": phases,
-        "setup_detail": sd,
+        "setup_detail": {
+            "imports_s": finite(raw.get("setup_imports_s")),
+            "build_s": finite(raw.get("setup_build_s")),
+            **image_cache_detail(meta.get("image_cache")),
+        },
         "epochs": epochs,
         "throughput": throughput,
-        "data_wait": data_wait,
-        "first_epoch_overhead": feo,
-        "first_epoch_overhead_reason": feo_reason,
+        "data_wait": {
+            "share": _data_wait_share(epochs),
+            "steady_share": _data_wait_share(steady),
+            "data_wait_s": round(sum(e["data_wait_s"] for e in epochs), 4),
+            "compute_s": round(sum(e["compute_s"] for e in epochs), 4),
+        },
+        **first_epoch_overhead(complete, throughput["steady_epoch_train_s"]),
         "gpu": gpu,
-        "cpu": cpu,
-        "config": config,
+        "cpu": _cpu_section(cols, rows, win_rows),
+        "config": {
+            **{k: meta.get(k) for k in CONFIG_KEYS},
+            "effective_batch": effective_batch(meta.get("batch"), meta.get("nominal_batch")),
+        },
         "attempts": list(meta.get("attempts") or []),
         "telemetry": {
             "samples": len(rows),
@@ -391,6 +289,112 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "tune": meta.get("tune"),
         "warnings": warnings + [f"timer: {x}" for x in raw.get("errors") or []],
     }
+
+
+# The stage settings timing.json's `config` records (docs/timing.md), from timing_meta.
+CONFIG_KEYS = (
+    "batch",
+    "workers",
+    "amp",
+    "amp_dtype",
+    "amp_reason",
+    "img",
+    "val_img",
+    "cache",
+    "device",
+    "epochs",
+    "threads",
+    "gpus",
+    "val_period",
+    "plots",
+    "nosave",
+    "nominal_batch",
+    "patience",
+    "time_budget_s",
+    "handover_on_stall",
+)
+
+
+def epoch_row(e: dict, index: int, world: int) -> dict:
+    """One epoch of the timer's record as timing.json lists it (images counted over all ``world`` ranks)."""
+    train_s = finite(e.get("train_s")) or 0.0
+    images = int(e.get("images") or 0) * world
+    batches = int(e.get("batches") or 0)
+    return {
+        "epoch": int(e.get("epoch", index)),
+        "complete": bool(e.get("complete", False)),
+        "train_s": round(train_s, 4),
+        "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
+        "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
+        "val_s": round(finite(e.get("val_s")) or 0.0, 4),
+        "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
+        "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
+        "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
+        "batches": batches,
+        "images": images,
+        "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
+        "it_per_s": round(batches / train_s, 4) if train_s > 0 else None,
+        "compute_p50_s": finite(e.get("compute_p50_s")),
+        "data_wait_p90_s": finite(e.get("data_wait_p90_s")),
+        "validated": bool(e.get("validated", False)),
+        "saved": bool(e.get("saved", False)),
+    }
+
+
+def phase_shares(raw: dict, epochs: list[dict], wall: float | None, warnings: list[str]) -> tuple[float, dict]:
+    """The stage's wall clock and each phase's seconds and share of it; ``other`` is what no phase measured. A wall
+    below the measured phases (or none) is raised to their sum, with a warning."""
+    final = raw.get("final") or {}
+    seconds = {
+        "setup": finite(raw.get("setup_s")) or 0.0,
+        "train": sum(e["train_s"] for e in epochs),
+        "val": sum(e["val_s"] for e in epochs) + (finite(final.get("val_s")) or 0.0),
+        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (finite(final.get("checkpoint_s")) or 0.0),
+        "logging": sum(e["logging_s"] for e in epochs) + (finite(final.get("logging_s")) or 0.0),
+    }
+    if raw.get("setup_s") is None:
+        warnings.append("setup time unknown (no process start or on_train_start)")
+    measured = sum(seconds.values())
+    if wall is None:
+        wall = measured
+        warnings.append("wall_s not given: using the sum of measured phases")
+    if measured > wall + 1e-6:
+        warnings.append(f"measured phases ({measured:.3f} s) exceed wall_s ({wall:.3f} s): wall_s raised to match")
+        wall = measured
+    seconds["other"] = max(wall - measured, 0.0)
+    return wall, {
+        k: {"s": round(seconds[k], 4), "share": round(seconds[k] / wall, 5) if wall > 0 else 0.0} for k in PHASES
+    }
+
+
+def steady_throughput(complete: list[dict], steady: list[dict], world: int) -> dict:
+    """Images and iterations per second over the steady epochs (after the first, which includes warm-up)."""
+    basis = STEADY_BASIS if len(complete) > 1 else ("the only epoch" if complete else "no epochs")
+    train_s = sum(e["train_s"] for e in steady)
+    return {
+        "steady_images_per_s": round(sum(e["images"] for e in steady) / train_s, 3) if train_s > 0 else None,
+        "steady_it_per_s": round(sum(e["batches"] for e in steady) / train_s, 4) if train_s > 0 else None,
+        "steady_epoch_train_s": round(train_s / len(steady), 4) if steady else None,
+        "basis": basis,
+        "steady_epochs": [e["epoch"] for e in steady],
+        "rank0_images_scale": world,
+    }
+
+
+def _data_wait_share(epochs: list[dict]) -> float | None:
+    """Data wait's share of data wait plus compute over ``epochs``."""
+    wait, compute = sum(e["data_wait_s"] for e in epochs), sum(e["compute_s"] for e in epochs)
+    return round(wait / (wait + compute), 5) if wait + compute > 0 else None
+
+
+def first_epoch_overhead(complete: list[dict], steady_epoch_s: float | None) -> dict:
+    """The first complete epoch's train time over a steady epoch's (caching, loader start, warm-up)."""
+    if len(complete) > 1 and steady_epoch_s:
+        return {
+            "first_epoch_overhead": round(complete[0]["train_s"] / steady_epoch_s, 4),
+            "first_epoch_overhead_reason": None,
+        }
+    return {"first_epoch_overhead": None, "first_epoch_overhead_reason": "needs at least 2 complete epochs"}
 
 
 def load_schema() -> dict:
