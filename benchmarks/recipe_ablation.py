@@ -39,7 +39,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import WORK, machine_info, save  # noqa: E402
-from make_mixed import make_mixed  # noqa: E402
 from naive_vs_staged import (  # noqa: E402
     DEMO_EVAL_IMG,
     FIXED_TARGETS,
@@ -67,7 +66,7 @@ def recipe(dataset: str) -> dict:
     spec = UNTUNED[dataset]
     data = WORK / "recipe_ablation_inputs" / f"{dataset}_data_{spec.train}_{spec.val}" / "data.yaml"
     if not data.exists():
-        make_mixed(str(data.parent), spec.train, spec.val)
+        spec.make(str(data.parent), spec.train, spec.val)
     return untuned_config(dataset, data.resolve(), inputs["weights"], spec.img, spec.frozen, spec.finetune)
 
 
