@@ -323,6 +323,7 @@ def run_control(config: dict, staged: dict, data_yaml: Path, budget: int, img: i
         shutil.rmtree(workdir)
     one_stage = {
         **config,
+        "stage_order": ["control"],
         "stages": {
             "control": {
                 "epochs": budget,

@@ -60,6 +60,7 @@ def config_text(source: Path, a) -> str:
     cfg["cache"]["mode"] = "none"
     # nominal_batch and min_warmup_iters at yolov5's own constants: bare yolov5 cannot change them, and a smaller
     # nominal batch means more optimizer steps, i.e. more work per epoch.
+    cfg["stage_order"] = [STAGE]
     cfg["stages"] = {
         STAGE: {
             "epochs": a.epochs,

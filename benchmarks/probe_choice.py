@@ -76,7 +76,7 @@ def main() -> None:
 
         # workers/batch/amp stay as the config sets them: the probe's choice applies only where they are auto
         spec = {
-            **stage_spec({**config, "stages": {"bench": {}}}, "bench"),
+            **stage_spec({**config, "stage_order": ["bench"], "stages": {"bench": {}}}, "bench"),
             "epochs": args.epochs,
             "img": args.img,
             "device": args.device,

@@ -124,10 +124,23 @@ def _allows_string(node: dict, root: dict) -> bool:
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
     problems = [*_check_dataset(config, workdir), *_check_model(config, workdir), *_check_tracking(config)]
+    problems += _check_stage_order(config)
+    if problems:  # a stage_order naming no defined stage leaves nothing to check stage by stage
+        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
     for stage in stage_names(config):
         problems += _check_stage(config, stage)
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _check_stage_order(config: dict) -> list[str]:
+    unknown = [stage for stage in config.get("stage_order") or () if stage not in config["stages"]]
+    if not unknown:
+        return []
+    return [
+        f"stage_order: {unknown} not defined under stages (defined: {list(config['stages'])}). Add "
+        f"stages.{unknown[0]} with its settings, or take it out of stage_order."
+    ]
 
 
 def _check_dataset(config: dict, workdir: Path) -> list[str]:

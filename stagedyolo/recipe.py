@@ -38,7 +38,16 @@ STAGE_KEYS = (
 
 
 def stage_names(config: dict) -> list[str]:
-    return list(config["stages"])
+    """The recipe's stages in order: `stage_order`, else the order `stages` is written in. The shipped config sets
+    `stage_order` because Snakemake merges an override (`--config 'stages={finetune: {epochs: 9}}'`, or a
+    `--configfile` naming some stages) into the default mapping with the override's keys first: read from the
+    mapping, that order would make `finetune` the first stage, trained from the pretrained weights."""
+    return list(config.get("stage_order") or config["stages"])
+
+
+def unlisted_stages(config: dict) -> list[str]:
+    """Stages the config defines that `stage_order` leaves out: they do not run."""
+    return [stage for stage in config["stages"] if stage not in stage_names(config)]
 
 
 def run_outline(config: dict) -> list[dict]:
@@ -117,7 +126,7 @@ def probe_needed(config: dict) -> bool:
     (a config that pins all three in every stage would pay the probe's half minute for nothing)."""
     if not config["probe"]["enabled"]:
         return False
-    return any(stage_spec(config, stage)[key] == "auto" for stage in config["stages"] for key in PROBED_KEYS)
+    return any(stage_spec(config, stage)[key] == "auto" for stage in stage_names(config) for key in PROBED_KEYS)
 
 
 def probe_batches(config: dict) -> list[int]:
@@ -125,7 +134,7 @@ def probe_batches(config: dict) -> list[int]:
     `auto`; otherwise only the batches of the stages that take its workers or amp, since no other batch can be
     chosen (on the demo that is one model batch instead of three: seconds saved, nothing a choice depends on lost).
     """
-    specs = [stage_spec(config, stage) for stage in config["stages"]]
+    specs = [stage_spec(config, stage) for stage in stage_names(config)]
     if any(spec["batch"] == "auto" for spec in specs):
         return list(config["probe"]["batch"])
     fixed = {

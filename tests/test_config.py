@@ -4,7 +4,8 @@ import pytest
 import yaml
 from snakemake_runner import REPO, make_workdir, snakemake
 
-from stagedyolo.config import coerce_cli_strings
+from stagedyolo.config import ConfigError, check_config, coerce_cli_strings
+from stagedyolo.recipe import stage_names, unlisted_stages
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
@@ -47,3 +48,39 @@ def test_a_run_name_from_the_command_line_cannot_escape_results_dir(tmp_path):
     workdir = make_workdir(tmp_path)
     result = snakemake(workdir, "-n", "--config", "run=..", check=False)
     assert result.returncode != 0 and "run: '..' must be a plain folder name" in result.stdout + result.stderr
+
+
+def planned_stage_inputs(dry_run: str) -> dict[str, str]:
+    """Each planned train_stage job's stage, with the input line of its job."""
+    planned = {}
+    for block in dry_run.split("rule train_stage:")[1:]:
+        inputs = next(line for line in block.splitlines() if line.strip().startswith("input:"))
+        planned[block.split("wildcards: stage=")[1].split()[0]] = inputs
+    return planned
+
+
+@pytest.mark.parametrize("how", ["--config", "--configfile"])
+def test_overriding_one_stage_keeps_the_recipe_in_its_order(tmp_path, how):
+    # Snakemake merges an override's stages mapping with its keys first: read from the mapping, finetune would
+    # become the first stage and train from the pretrained weights.
+    workdir = make_workdir(tmp_path)
+    if how == "--config":
+        result = snakemake(workdir, "-n", "--config", "stages={finetune: {epochs: 9}}")
+    else:
+        (workdir / "mine.yaml").write_text("stages:\n  finetune:\n    epochs: 9\n")
+        result = snakemake(workdir, "-n", configfiles=[workdir / "mine.yaml"])
+    planned = planned_stage_inputs(result.stdout)
+    order = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["stage_order"]
+    assert sorted(planned) == sorted(order)
+    assert "demo/pretrained.pt" in planned[order[0]]
+    for previous, stage in zip(order, order[1:]):
+        assert f"stages/{previous}/continue.pt" in planned[stage], (stage, planned[stage])
+
+
+def test_stage_order_runs_the_stages_it_lists_and_names_an_undefined_one():
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    shorter = {**config, "stage_order": ["smoke", "finetune"]}
+    assert stage_names(shorter) == ["smoke", "finetune"] and unlisted_stages(shorter) == ["frozen", "highres"]
+    assert stage_names({**config, "stage_order": None}) == list(config["stages"])  # unset: the mapping's order
+    with pytest.raises(ConfigError, match=r"stage_order: \['fnetune'\] not defined under stages"):
+        check_config({**config, "stage_order": ["smoke", "fnetune"]})

@@ -140,6 +140,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     config = {
         **CONFIG,
         "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": "auto"},
+        "stage_order": None,
         "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}},
     }
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"

@@ -22,12 +22,14 @@ def test_an_empty_results_dir_is_refused(results_dir):
 def test_tune_on_a_multi_gpu_stage_is_refused_with_the_stage_keys_and_fix():
     stages = {"frozen": {"epochs": 1, "tune": True, "gpus": 2}, "finetune": {"epochs": 1, "gpus": 2}}
     with pytest.raises(ConfigError) as error:
-        check_config({**CONFIG, "stages": stages})
+        check_config({**CONFIG, "stage_order": list(stages), "stages": stages})
     message = str(error.value)
     assert "stages.frozen.tune: true cannot be combined with stages.frozen.gpus: 2" in message
     assert "30-minute DDP timeout" in message and "Set tune: false for this stage, or gpus: 1" in message
     assert "stages.finetune.tune" not in message
-    check_config({**CONFIG, "stages": {**stages, "frozen": {"epochs": 1, "tune": True, "gpus": 1}}})
+    check_config(
+        {**CONFIG, "stage_order": list(stages), "stages": {**stages, "frozen": {"epochs": 1, "tune": True, "gpus": 1}}}
+    )
 
 
 def test_a_stall_handover_with_nosave_is_refused_before_any_job_runs():

@@ -67,7 +67,7 @@ def test_an_option_set_in_the_config_reaches_yolov5s_resolved_opt(tmp_path, trai
     default = getattr(train_module.parse_opt(known=True), option)
     sys.argv = argv
     assert default != NON_DEFAULT[option]
-    config = {**CONFIG, "stages": {"only": {option: NON_DEFAULT[option]}}}
+    config = {**CONFIG, "stage_order": ["only"], "stages": {"only": {option: NON_DEFAULT[option]}}}
     spec = {**SPEC, **{k: v for k, v in stage_spec(config, "only").items() if k in YOLOV5_OPTIONS}}
     plan = small_stage_plan(spec, tmp_path, stage="only", data=tmp_path / "data.yaml", work_dir=tmp_path / "work")
     (tmp_path / "work").mkdir()  # the supervisor's, where build_opt writes the stage's hyp file

@@ -22,7 +22,8 @@ def test_stage_spec_merges_defaults_with_the_stage():
 
 
 def test_every_stage_validates_at_the_last_stages_size_unless_it_names_its_own():
-    config = {**CONFIG, "stages": {"a": {"img": 96}, "b": {"img": 128, "val_img": 128}, "c": {"img": 192}}}
+    stages = {"a": {"img": 96}, "b": {"img": 128, "val_img": 128}, "c": {"img": 192}}
+    config = {**CONFIG, "stage_order": None, "stages": stages}
     assert [stage_spec(config, stage)["val_img"] for stage in "abc"] == [192, 128, 192]
     untold = {**config, "stages": {**config["stages"], "c": {}}}  # the last stage at stage_defaults' img
     assert stage_spec(untold, "a")["val_img"] == CONFIG["stage_defaults"]["img"]
@@ -32,6 +33,7 @@ def test_every_stage_validates_at_the_last_stages_size_unless_it_names_its_own()
 def test_a_stage_after_the_first_continues_at_the_handed_over_lr_unless_it_names_its_own():
     config = {
         **CONFIG,
+        "stage_order": None,
         "stages": {
             "a": {"start_from": "model"},
             "b": {},

@@ -21,6 +21,7 @@ CONFIG = {
     "cache": {"mode": "disk"},
     "probe": {"enabled": False},
     "stage_defaults": {"img": 64, "batch": 8, "workers": 1},
+    "stage_order": ["smoke", "finetune"],  # replaces the default recipe's four, which the merge keeps defined
     "stages": {"smoke": {"epochs": 1, "start_from": "model"}, "finetune": {"epochs": 1}},
     "export": {"enabled": False},  # the tiny demo run checks the export; here: switched off, it is never planned
 }
@@ -87,6 +88,7 @@ def test_a_read_only_dataset_trains_and_stays_byte_for_byte_unchanged(tmp_path, 
     report = json.loads((run / "data" / "dataset_report.json").read_text())
     assert any(bad["file"].endswith("train_0003.jpg") for bad in report["bad"])
     assert json.loads((run / "data" / "cache.json").read_text())["mode"] == "disk"
+    assert sorted(p.name for p in (run / "stages").iterdir()) == sorted(CONFIG["stage_order"])
     for stage in CONFIG["stages"]:
         assert (run / "stages" / stage / "weights" / "last.pt").is_file()
     # This data.yaml has no test: split: the pipeline says so and still succeeds.

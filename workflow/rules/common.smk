@@ -15,6 +15,7 @@ from stagedyolo.recipe import (
     stage_names,
     stage_inputs,
     stage_spec,
+    unlisted_stages,
 )
 from stagedyolo.stage_plan import available_cores
 
@@ -23,6 +24,10 @@ config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
 check_before_schema(config)
 validate(config, schema="../schemas/config.schema.yaml")
 check_config(config)
+if unlisted_stages(config):
+    logger.warning(
+        f"stages not in stage_order do not run: {', '.join(unlisted_stages(config))}"
+    )
 
 RUN = f"{config['results_dir']}/{config['run']}"
 
