@@ -4,7 +4,7 @@ rules depend on from here."""
 
 from __future__ import annotations
 
-from stagedyolo.engine.options import YOLOV5_OPTIONS, engine_spec
+from stagedyolo.engine.options import AUGMENTATION_KEYS, YOLOV5_OPTIONS, engine_spec
 
 # Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
 STAGE_KEYS = (
@@ -146,13 +146,21 @@ def probe_batches(config: dict) -> list[int]:
 
 
 # The stage keys a stage's speed depends on: what the probe predicts each stage's images/s from.
-SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "lr0", "hyp", "engine")
+SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "engine")
 
 
 def probe_stage_specs(config: dict) -> dict:
-    """Each stage's speed-relevant settings, for the probe's per-stage predictions (epochs and the like left out,
-    so changing them does not rerun the probe)."""
-    return {stage: {key: stage_spec(config, stage)[key] for key in SPEED_KEYS} for stage in stage_names(config)}
+    """Each stage's speed-relevant settings, for the probe's per-stage predictions. Epochs, the LR and the hyp keys
+    other than the augmentations are left out: they do not change a step's cost, and a probe rerun reruns every stage
+    after it, so changing a stage's `hyp.lrf` must rerun that stage and the ones after it, not the probe."""
+    specs = {stage: stage_spec(config, stage) for stage in stage_names(config)}
+    return {
+        stage: {
+            **{key: spec[key] for key in SPEED_KEYS},
+            "hyp": {key: spec["hyp"][key] for key in AUGMENTATION_KEYS if key in spec["hyp"]},
+        }
+        for stage, spec in specs.items()
+    }
 
 
 def planned_epochs(config: dict) -> int:

@@ -196,6 +196,8 @@ def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
         ("model={cfg: yolov5s.yaml}", 4),  # every stage builds from it (and the demo weights are pretrained anew)
         ("tune={measure_batches: 7}", 0),  # no tiny stage tunes: none reads the window
         ("stages={highres: {img: 128}}", 4),  # the target size: every stage validates at it
+        ("stages={finetune: {hyp: {lrf: 0.2}}}", 2),  # its LR line: finetune and highres, which starts from it
+        ("stages={smoke: {hyp: {mosaic: 0.5}}}", 4),  # an augmentation changes a step's cost: the probe reruns
     ],
 )
 def test_a_config_setting_outside_the_stage_reruns_exactly_the_stages_that_read_it(tiny_run, change, stages_rerun):

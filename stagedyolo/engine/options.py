@@ -34,6 +34,25 @@ def yolov5_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
+# warmup) do not change a step's cost.
+AUGMENTATION_KEYS = (
+    "hsv_h",
+    "hsv_s",
+    "hsv_v",
+    "degrees",
+    "translate",
+    "scale",
+    "shear",
+    "perspective",
+    "flipud",
+    "fliplr",
+    "mosaic",
+    "mixup",
+    "copy_paste",
+)
+
+
 def base_hyp() -> dict:
     with open(yolov5_dir() / "data" / "hyps" / "hyp.scratch-low.yaml") as handle:
         return yaml.safe_load(handle)

@@ -188,7 +188,7 @@ def plan_request(
         "max_seconds": float(settings["seconds_per_candidate"]),
         "budget_s": float(settings["budget_s"]),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
-        "stages": {name: _stage_request(spec) for name, spec in stages.items()},
+        "stages": {name: _stage_request(spec, stage_defaults) for name, spec in stages.items()},
         # The model runs time the step of the first stage's engine (stages share engine.mode unless one overrides it).
         "engine": next((spec.get("engine") or {} for spec in stages.values()), {}),
         "threads": int(threads),
@@ -203,12 +203,14 @@ def plan_request(
     }
 
 
-def _stage_request(spec: dict) -> dict:
-    """The part of a stage spec its speed depends on, with its complete hyp (yolov5 needs every key)."""
+def _stage_request(spec: dict, stage_defaults: dict) -> dict:
+    """The part of a stage spec its speed depends on, with a complete hyp (yolov5 needs every key): the stage's
+    augmentations over stage_defaults' LR and loss gains, which do not change a step's cost."""
+    hyp = {**(stage_defaults.get("hyp") or {}), **(spec.get("hyp") or {})}
     return {
         **{key: spec[key] for key in ("img", "freeze", "batch", "workers", "amp", "gpus")},
         "nominal_batch": spec.get("nominal_batch") or NOMINAL_BATCH,
-        "hyp": stage_hyp(spec["lr0"], spec.get("hyp") or {}),
+        "hyp": stage_hyp(stage_defaults["lr0"], hyp),
         "engine": spec.get("engine") or {},  # mode, compile, skipped rows: the step the stage runs
     }
 

@@ -5,26 +5,9 @@ measured once."""
 from __future__ import annotations
 
 from stagedyolo.engine.amp import decide_amp
+from stagedyolo.engine.options import AUGMENTATION_KEYS
 from stagedyolo.stage_plan import resolve_resources
 from stagedyolo.telemetry.summary import STEADY_BASIS
-
-# The hyp keys that change what the loader does per image (yolov5's augmentations); the others (LR, loss gains,
-# warmup) do not change a step's cost.
-AUGMENTATION_KEYS = (
-    "hsv_h",
-    "hsv_s",
-    "hsv_v",
-    "degrees",
-    "translate",
-    "scale",
-    "shear",
-    "perspective",
-    "flipud",
-    "fliplr",
-    "mosaic",
-    "mixup",
-    "copy_paste",
-)
 
 
 def stage_settings(spec: dict, choice: dict, *, threads: int, cuda: bool, bf16_supported: bool | None) -> dict:
