@@ -95,13 +95,17 @@ def test_a_continued_stage_takes_up_optimizer_ema_and_the_handed_over_lr(chain):
     assert record["optimizer"] == "restored" and record["ema_updates"] == handover["updates"]
     assert record["recipe_epochs_before"] == EPOCHS_FIRST
     # The LR at the boundary: the first stage hands over the LR its scheduler set for the epoch after its last.
-    # yolov5's LambdaLR runs one epoch behind (train.py sets last_epoch = start_epoch - 1 after the constructor has
-    # stepped once), so that is lr0 * lf(E - 1), lf(x) = (1 - x / E) * (1 - lrf) + lrf. The continued stage trains
-    # its first epoch there, in all three groups: no warmup.
+    # The first stage is yolov5's own run, whose LambdaLR runs one epoch behind (train.py sets last_epoch =
+    # start_epoch - 1 after the constructor has stepped once), so that is lr0 * lf(E - 1), lf(x) = (1 - x / E) *
+    # (1 - lrf) + lrf. The continued stage trains its first epoch there, in all three groups: no warmup.
     lrf = SPEC["hyp"]["lrf"]
     handed_over = SPEC["lr0"] * ((1 - (EPOCHS_FIRST - 1) / EPOCHS_FIRST) * (1 - lrf) + lrf)
     assert record["lr0"] == pytest.approx(handed_over)
     assert lr_rows(chain["continued"])[0] == pytest.approx([handed_over] * 3, rel=1e-4)  # results.csv: 5 digits
+    # A continued stage's schedule is not behind: its one epoch ran at lf(0) and it hands over its own lrf's end
+    # (behind, it would hand over lf(0) again and its lrf would change nothing).
+    groups = load(chain["continued"] / HANDOVER_NAME)["optimizer"]["param_groups"]
+    assert [group["lr"] for group in groups] == pytest.approx([handed_over * lrf] * 3)
     # The EMA went on counting from the first stage's updates.
     assert load(chain["continued"] / HANDOVER_NAME)["updates"] > handover["updates"]
     assert load(chain["continued"] / HANDOVER_NAME)["recipe_epochs"] == EPOCHS_FIRST + 1

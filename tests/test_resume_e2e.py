@@ -80,6 +80,12 @@ def test_a_killed_stage_resumes_from_its_last_epoch(tmp_path):
         int(line.split(",")[0]) for line in (run / "stages" / "finetune" / "results.csv").read_text().splitlines()[1:]
     ]
     assert epochs == [0, 1, 2, 3]  # continued, not restarted (a restart would not say "Resuming")
+    # The resumed epochs keep the stage's LR line: epoch e at lr * lf(e), from the LR frozen handed over.
+    plan = json.loads((run / "stages" / "finetune" / "stage.json").read_text())
+    start, lrf = plan["continuation"]["lr0"], plan["hyp"]["lrf"]
+    rows = (run / "stages" / "finetune" / "results.csv").read_text().splitlines()[1:]
+    logged = [float(line.split(",")[11]) for line in rows]  # x/lr0
+    assert logged == pytest.approx([start * ((1 - e / 4) * (1 - lrf) + lrf) for e in range(4)], rel=1e-4)
     attempts = json.loads((run / "stages" / "finetune" / "stage.json").read_text())["attempts"]
     assert attempts[-1]["resumed_from"] and attempts[-1]["status"] == "ok"
     assert (run / "report" / "summary.md").is_file()

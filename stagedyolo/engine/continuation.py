@@ -15,7 +15,12 @@ optimizer, scheduler and EMA for this stage's settings (the patch table's `conti
 - the AMP GradScaler's scale is restored (the `handover_state` row saves it in every checkpoint);
 - the stage starts at the learning rate the previous stage handed over (the LR its scheduler had set for the epoch
   after its last), unless the stage names its own lr0; its schedule then runs from there to lr * hyp.lrf over its
-  own epochs, as yolov5's does. So a stage's LR depends only on its own settings and the checkpoint it is given:
+  own epochs: epoch e at lr * lf(e), and lr * hyp.lrf handed over. yolov5's own schedule runs one epoch behind
+  (train.py sets `scheduler.last_epoch = start_epoch - 1` after LambdaLR's constructor has already stepped once, so
+  its first two epochs share lf(0) and its last runs at lf(E - 2)): a 2-epoch final stage would never lower its LR,
+  and its hyp.lrf would change nothing. A continuing stage's scheduler starts one step on (`schedule_shift`), on
+  a resume too, so a resumed stage keeps the same line; the first stage of a recipe is yolov5's own run and keeps
+  yolov5's schedule. So a stage's LR depends only on its own settings and the checkpoint it is given:
   changing a later stage never changes an earlier one, and a changed earlier stage reruns the later ones through
   their input;
 - no warmup (it ran once, in the first stage) and no AutoAnchor (it ran once too; the anchors are in the weights).
@@ -67,6 +72,12 @@ class Continuation:
         self.source, self.optimizer_name = source, optimizer_name
         self.scaler_state = None
         self.report: dict = {}
+
+    @property
+    def schedule_shift(self) -> int:
+        """Steps added to train.py's `scheduler.last_epoch`: 1 for a continuing stage (its epoch e then trains at
+        lf(e), not lf(e - 1); see the module docstring), 0 for a stage that starts a training."""
+        return 1 if self.source else 0
 
     def take_up(self, ckpt: dict, optimizer, ema, resume) -> None:
         """train.py's `del ckpt, csd` point: its optimizer, scheduler and EMA exist, the checkpoint is loaded."""

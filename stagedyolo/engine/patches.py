@@ -208,6 +208,10 @@ CONTINUATION_EDITS = (
         "        _STAGEDYOLO_CONTINUATION.take_up(ckpt, optimizer, ema, resume)\n        del ckpt, csd",
     ),
     (
+        "    scheduler.last_epoch = start_epoch - 1  # do not move",
+        "    scheduler.last_epoch = start_epoch - 1 + _STAGEDYOLO_CONTINUATION.schedule_shift  # do not move",
+    ),
+    (
         "    scaler = torch.cuda.amp.GradScaler(enabled=amp)",
         "    scaler = _STAGEDYOLO_CONTINUATION.scaler(torch.cuda.amp.GradScaler(enabled=amp))",
     ),
@@ -526,7 +530,8 @@ PATCHES: tuple[Patch, ...] = (
         "train.py after the model, optimizer and EMA are built (`del ckpt, csd`), its GradScaler "
         "and its checkpoint dict",
         "a stage continues the previous stage's training (stagedyolo.engine.continuation): optimizer state, EMA "
-        "and its update count, AMP scale; every checkpoint also keeps the scaler and the epochs trained so far",
+        "and its update count, AMP scale, and an LR schedule that reaches the stage's own lrf (yolov5's runs one "
+        "epoch behind); every checkpoint also keeps the scaler and the epochs trained so far",
         "always (a stage that starts from the model or restarts from weights only saves the extra state)",
         "the recipe's figures: benchmarks/results/naive_vs_staged.md",
         _continuation,
