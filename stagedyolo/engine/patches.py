@@ -533,7 +533,9 @@ PATCHES: tuple[Patch, ...] = (
         "and its update count, AMP scale, and an LR schedule that reaches the stage's own lrf (yolov5's runs one "
         "epoch behind); every checkpoint also keeps the scaler and the epochs trained so far",
         "always (a stage that starts from the model or restarts from weights only saves the extra state)",
-        "the recipe's figures: benchmarks/results/naive_vs_staged.md",
+        "demo: the stages end at mAP50 0.9939 with the schedule on the stage's own lrf, 0.9911 one epoch behind "
+        "(frozen 0.813 vs 0.774, finetune 0.994 vs 0.986); the recipe against one run: "
+        "benchmarks/results/naive_vs_staged_demo.md",
         _continuation,
         _continuation_set,
         phase="source",
