@@ -176,7 +176,8 @@ RESTART_DEMO_STAGES = {
 
 def restart_config(config: dict, stages: dict) -> dict:
     """``config`` with the restart recipe's stages (no stage inherits the new recipe's per-stage hyp)."""
-    return {**copy.deepcopy(config), "run": config["run"] + "_restart", "stages": copy.deepcopy(stages)}
+    run = config["run"] + "_restart"
+    return {**copy.deepcopy(config), "run": run, "stage_order": list(stages), "stages": copy.deepcopy(stages)}
 
 
 def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:

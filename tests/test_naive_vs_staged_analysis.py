@@ -8,7 +8,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from naive_vs_staged import BEST, analyse_repeat, markdown, summarise  # noqa: E402
+from naive_vs_staged import (  # noqa: E402
+    BEST,
+    RESTART_DEMO_STAGES,
+    analyse_repeat,
+    base_config,
+    markdown,
+    restart_config,
+    summarise,
+    untuned_restart_stages,
+)
+
+from stagedyolo.recipe import stage_names  # noqa: E402
 
 
 def _rows(*points, img=128, stage="s"):
@@ -101,3 +112,11 @@ def test_the_restart_side_is_compared_with_the_control_and_the_staged_recipe():
         )
     )
     assert "ratio staged / restart" in page and "| restart |" in page
+
+
+def test_the_restart_recipes_run_exactly_their_own_stages(tmp_path):
+    # Built from config.yaml, whose stage_order names four stages: the untuned restart recipe has three.
+    base = base_config(tmp_path / "data.yaml", tmp_path / "pretrained.pt", "mixed")
+    for stages in (RESTART_DEMO_STAGES, untuned_restart_stages(4, 18)):
+        config = restart_config(base, stages)
+        assert stage_names(config) == list(stages) == list(config["stages"])

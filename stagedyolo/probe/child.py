@@ -523,7 +523,9 @@ def measure_stage_run(
             loss, _items = compute_loss(model(imgs), targets.to(device))
         scaler.scale(loss).backward()
         count[0] += 1
-        if count[0] % every == 0:
+        if count[0] % every == 0:  # as train.py: gradients unscaled and clipped before each optimizer step
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
