@@ -20,7 +20,7 @@ from snakemake_runner import REPO, make_workdir
 
 STUBS = REPO / "tests" / "stubs"
 # Two stages, so that one SLURM submission asks for 1 GPU and the next for 2 (the rule's per-stage gpu resource
-# must survive the profile's set-resources). It replaces the default recipe (a --configfile would merge into it).
+# must survive the profile's set-resources). It replaces the default recipe, stage_order included.
 CLUSTER_STAGES = {"one": {"epochs": 1, "start_from": "model"}, "two": {"epochs": 1, "gpus": 2, "batch": 16}}
 
 
@@ -28,7 +28,8 @@ def cluster_workdir(tmp_path):
     workdir = make_workdir(tmp_path)
     config_path = workdir / "config" / "config.yaml"
     config = yaml.safe_load(config_path.read_text())
-    config_path.write_text(yaml.safe_dump({**config, "run": "cluster", "stages": CLUSTER_STAGES}, sort_keys=False))
+    cluster = {**config, "run": "cluster", "stage_order": list(CLUSTER_STAGES), "stages": CLUSTER_STAGES}
+    config_path.write_text(yaml.safe_dump(cluster, sort_keys=False))
     return workdir
 
 
