@@ -30,6 +30,10 @@ def check_before_schema(config: dict) -> None:
     that would leave results_dir (`run: ..` would write into, and clean up under, results_dir's parent)."""
     problems = [f"{'.'.join(path)}: {why}" for path, why in REMOVED_KEYS.items() if _has_key(config, path)]
     problems += _check_run_location(config)
+    _fail_on(problems)
+
+
+def _fail_on(problems: list[str]) -> None:
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -125,12 +129,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
     problems = [*_check_dataset(config, workdir), *_check_model(config, workdir), *_check_tracking(config)]
     problems += _check_stage_order(config)
-    if problems:  # a stage_order naming no defined stage leaves nothing to check stage by stage
-        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+    _fail_on(problems)  # a stage_order naming no defined stage leaves nothing to check stage by stage
     for stage in stage_names(config):
         problems += _check_stage(config, stage)
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+    _fail_on(problems)
 
 
 def _check_stage_order(config: dict) -> list[str]:

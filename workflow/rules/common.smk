@@ -24,9 +24,10 @@ config.update(coerce_cli_strings(config, yaml.safe_load(open(CONFIG_SCHEMA))))
 check_before_schema(config)
 validate(config, schema="../schemas/config.schema.yaml")
 check_config(config)
-if unlisted_stages(config):
+UNLISTED_STAGES = unlisted_stages(config)
+if UNLISTED_STAGES:
     logger.warning(
-        f"stages not in stage_order do not run: {', '.join(unlisted_stages(config))}"
+        f"stages not in stage_order do not run: {', '.join(UNLISTED_STAGES)}"
     )
 
 RUN = f"{config['results_dir']}/{config['run']}"
