@@ -58,6 +58,14 @@ stage validates at the recipe's target size (`val_img`), so the rows of the phas
 count too; before, they were validated at their training size and listed but never counted. (Until the recipe
 trained at a smaller size first, the demo was judged at 128, its stages' size then.)
 
+Seeds (added 2026-12-04, this paragraph written before the first figures taken with it): repeat i trains every
+side at yolov5 seed `--seeds`[i] (default 0, 1, 2): the staged and restart configs' stage_defaults.seed, the
+control's (it takes stage_defaults), the newcomer's `--seed`. A training on the CPU is deterministic per seed and
+machine, so repeats at one seed replay one trajectory and their spread is timing noise only; and the trajectory
+itself moved with the machine (the shipped demo config, seed 0: frozen mAP50 0.813 and highres 0.9939 on the
+Intel Xeon of 2026-12-03, 0.538 and 0.9918 on an AMD EPYC on 2026-12-04). The files before this date ran every
+repeat at seed 0. The demo's pretrained.pt stays one (seed 0): it is the recipe's input, not its training.
+
 Repeats: `--repeats` (>= 3). Each repeat runs demo, det, then mixed; within a dataset the order alternates between
 repeats (odd: staged, control, restart, newcomer, control; even: the reverse) so load drift hits every side.
 os.getloadavg() is recorded before and after every run. Ratios are staged / control (and staged / newcomer,
@@ -374,7 +382,9 @@ def run_control(config: dict, staged: dict, data_yaml: Path, budget: int, img: i
     }
 
 
-def run_newcomer(data_yaml: Path, weights: str, epochs: int, img: int, workdir: Path, cap_s: float) -> dict:
+def run_newcomer(
+    data_yaml: Path, weights: str, epochs: int, img: int, workdir: Path, cap_s: float, seed: int = 0
+) -> dict:
     if workdir.exists():
         shutil.rmtree(workdir)  # yolov5 --exist-ok would append to an old results.csv
     workdir.mkdir(parents=True)
@@ -395,6 +405,8 @@ def run_newcomer(data_yaml: Path, weights: str, epochs: int, img: int, workdir: 
         "--name",
         "run",
         "--exist-ok",
+        "--seed",
+        str(seed),
     ]
     # torch's threads over every core the pipeline had, yolov5's default --workers 8 (capped at the cores)
     env = yolov5_env(workdir, PIPELINE_CORES)
@@ -587,8 +599,18 @@ def dataset_plans(inputs: dict, args) -> dict:
     return plans
 
 
-def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict | None, cap_s: float) -> list[dict]:
+def seeded(config: dict, seed: int) -> dict:
+    """``config`` with every stage (and so the fair control, which takes stage_defaults) trained at ``seed``."""
+    config = copy.deepcopy(config)
+    config["stage_defaults"]["seed"] = seed
+    return config
+
+
+def run_repeat(
+    index: int, name: str, plan: dict, work: Path, last_staged: dict | None, cap_s: float, seed: int = 0
+) -> list[dict]:
     folder = work / name / f"r{index}"
+    config, restart = seeded(plan["config"], seed), seeded(plan["restart_config"], seed)
     budgets = plan["budgets"]
     order = ["staged", ("control", budgets[0]), "restart", "newcomer", *[("control", b) for b in budgets[1:]]]
     if index % 2 == 1:
@@ -599,29 +621,29 @@ def run_repeat(index: int, name: str, plan: dict, work: Path, last_staged: dict 
     runs = []
     for step in order:
         if step == "staged":
-            last_staged = run_staged(plan["config"], folder / "staged")
+            last_staged = run_staged(config, folder / "staged")
             runs.append(last_staged)
         elif step == "restart":
-            runs.append(run_staged(plan["restart_config"], folder / "restart", side="restart"))
+            runs.append(run_staged(restart, folder / "restart", side="restart"))
         elif step == "newcomer":
             data = copy_dataset(plan["data"], folder / "newcomer_data")
             runs.append(
                 run_newcomer(
-                    data, str(plan["config"]["model"]["weights"]), max(budgets), plan["img"], folder / "newcomer", cap_s
+                    data, str(config["model"]["weights"]), max(budgets), plan["img"], folder / "newcomer", cap_s, seed
                 )
             )
         else:
             data = copy_dataset(plan["data"], folder / f"control{step[1]}_data")
-            runs.append(
-                run_control(plan["config"], last_staged, data, step[1], plan["img"], folder / f"control{step[1]}")
-            )
+            runs.append(run_control(config, last_staged, data, step[1], plan["img"], folder / f"control{step[1]}"))
         done = runs[-1]
+        done["seed"] = seed
         print(
             json.dumps(
                 {
                     "dataset": name,
                     "repeat": index,
                     "side": done["side"],
+                    "seed": seed,
                     "budget": done.get("budget"),
                     "wall_s": round(done["wall_s"], 1),
                     "best": best_map(done["rows"], plan["img"]),
@@ -642,6 +664,7 @@ def main(argv=None):
         ap.add_argument(f"--{name}-budgets", default=spec.budgets, help=f"fair control's epoch budgets on {name}")
         for field in SIZE_FIELDS:
             ap.add_argument(f"--{name}-{field}", type=int, default=getattr(spec, field))
+    ap.add_argument("--seeds", default="0,1,2", help="repeat i trains every side at seed i of this list (cycled)")
     ap.add_argument("--cap-s", type=float, default=150, help="the newcomer's time cap per run (fixed in advance)")
     ap.add_argument("--name", default="naive_vs_staged", help="results file name")
     ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
@@ -659,6 +682,7 @@ def main(argv=None):
             setattr(a, f"{name}_{field}", tiny[field])
     for name in ("demo", *UNTUNED):
         setattr(a, f"{name}_budgets", [int(x) for x in getattr(a, f"{name}_budgets").split(",")])
+    a.seeds = [int(x) for x in str(a.seeds).split(",")]
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
     started = time.time()
@@ -677,7 +701,8 @@ def main(argv=None):
         for name in a.datasets.split(","):
             if index < len(runs[name]):
                 continue
-            done = run_repeat(index, name, plans[name], a.workdir, last_staged[name], a.cap_s)
+            seed = a.seeds[index % len(a.seeds)]
+            done = run_repeat(index, name, plans[name], a.workdir, last_staged[name], a.cap_s, seed)
             last_staged[name] = next(r for r in done if r["side"] == "staged")
             runs[name].append(done)
             # after every repeat: a stopped benchmark keeps what it measured
@@ -782,9 +807,9 @@ def markdown(result: dict) -> list[str]:
             *[f"| {k} | {_cell(v, 's')} |" for k, v in s["whole_wall_s"].items()],
             f"| staged / all control budgets together | {_cell(s['whole_wall_ratio_staged_over_controls_together'])} |",
             "",
-            "| repeat | run | wall s | load before → after (1, 5, 15 min) | best mAP50 at eval img | "
+            "| repeat | seed | run | wall s | load before → after (1, 5, 15 min) | best mAP50 at eval img | "
             "mAP50 per validated row (s from start) |",
-            "|---:|---|---:|---|---:|---|",
+            "|---:|---:|---|---:|---|---:|---|",
         ]
         for index, runs in enumerate(ds["runs"]):
             for r in runs:
@@ -795,7 +820,8 @@ def markdown(result: dict) -> list[str]:
                     if x["map50"] is not None
                 )
                 md.append(
-                    f"| {index + 1} | {label} | {r['wall_s']:.0f} | {r['load_before']} → {r['load_after']} | "
+                    f"| {index + 1} | {r.get('seed', 0)} | {label} | {r['wall_s']:.0f} | "
+                    f"{r['load_before']} → {r['load_after']} | "
                     f"{best_map(r['rows'], ds['eval_img'])} | {rows} |"
                 )
         md.append("")

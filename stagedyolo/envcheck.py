@@ -348,12 +348,28 @@ def package_notes(versions: dict) -> list[str]:
 
 
 def _process_start_unix() -> float | None:
-    import psutil
-
     try:
         return psutil.Process().create_time()
     except psutil.Error:
         return None
+
+
+def snakemake_started_unix() -> tuple[float | None, str | None]:
+    """When the `snakemake` call that runs this job started: its outermost ancestor process whose command line
+    names snakemake. (None, why) where the job runs elsewhere (a cluster executor's node) or the tree is unreadable."""
+    try:
+        ancestors = psutil.Process().parents()
+        started = [p.create_time() for p in ancestors if _is_snakemake(p.cmdline())]
+    except psutil.Error as exc:
+        return None, f"the job's parent processes could not be read ({type(exc).__name__})"
+    if not started:
+        return None, "no snakemake process among the job's parents (a cluster executor runs it on another node)"
+    return started[-1], None  # parents() runs from the nearest to the outermost
+
+
+def _is_snakemake(cmdline: list[str]) -> bool:
+    """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`."""
+    return any(Path(part).name == "snakemake" for part in cmdline[:3])
 
 
 def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | None = None) -> dict:
@@ -373,6 +389,7 @@ def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | Non
         "package_warnings": package_warnings(versions),
         "package_notes": package_notes(versions),
     }
+    facts["snakemake_started_unix"], facts["snakemake_started_reason"] = snakemake_started_unix()
     facts["gpus"], facts["gpus_reason"] = _visible_gpus(t, nvml)
     facts["capabilities"] = _capabilities(facts["gpus"], facts["gpus_reason"])
     return facts

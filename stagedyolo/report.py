@@ -318,7 +318,8 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     diag_md = _diagnoses_md(stages)
     test = read_json(test_metrics) if test_metrics else None
     test_md = test_markdown(test, heading="##") if test else ""
-    costs = fixed_costs.fixed_costs((read_json(env) or {}).get("job_started_unix") if env else None, stages)
+    env_facts = (read_json(env) or {}) if env else {}
+    costs = fixed_costs.fixed_costs(env_facts.get("job_started_unix"), stages, env_facts.get("snakemake_started_unix"))
     data["fixed_costs"] = costs
     costs_md = fixed_costs.markdown(costs)
     paths["table_md"].write_text(

@@ -25,3 +25,48 @@ def test_a_missing_stamp_gives_no_figure_rather_than_a_wrong_one():
     assert costs["rows"][0]["gap_s"] is None and costs["rows"][0]["setup_s"] == 10.0
     assert costs["rows"][1]["gap_s"] is None and costs["total_s"] is None and costs["share"] is None
     assert "n/a" in markdown(costs)
+
+
+def test_the_clock_starts_at_the_snakemake_call_when_verify_env_found_it():
+    stages = [stage("smoke", 130.0, 140.0, 160.0)]
+    costs = fixed_costs(100.0, stages, snakemake_started_unix=96.5)
+    assert [(r["until"], r["gap_s"]) for r in costs["rows"]] == [
+        ("the run's first job", 3.5),
+        ("smoke's first training step", 40.0),
+    ]
+    assert (costs["total_s"], costs["run_s"], costs["clock_from"]) == (43.5, 63.5, "the snakemake call")
+    assert "from the snakemake call" in markdown(costs) and "Snakemake's start-up" in markdown(costs)
+
+
+def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch):
+    from stagedyolo import envcheck
+
+    class Proc:
+        def __init__(self, cmdline, started):
+            self._cmdline, self._started = cmdline, started
+
+        def cmdline(self):
+            return self._cmdline
+
+        def create_time(self):
+            return self._started
+
+    class Me:
+        def parents(self):  # nearest first, as psutil lists them
+            return [
+                Proc(["/bin/sh", "-c", "python /w/.snakemake/scripts/tmp1.verify_env.py"], 30.0),
+                Proc(["/usr/bin/python3", "-m", "snakemake", "--cores", "2"], 20.0),
+                Proc(["/v/bin/python", "/v/bin/snakemake", "--cores", "8"], 10.0),
+                Proc(["bash"], 1.0),
+            ]
+
+    monkeypatch.setattr(envcheck.psutil, "Process", Me)
+    assert envcheck.snakemake_started_unix() == (10.0, None)
+
+    class Elsewhere:
+        def parents(self):
+            return [Proc(["slurmstepd: [12.batch]"], 5.0)]
+
+    monkeypatch.setattr(envcheck.psutil, "Process", Elsewhere)
+    started, reason = envcheck.snakemake_started_unix()
+    assert started is None and "no snakemake process" in reason

@@ -15,11 +15,12 @@ from naive_vs_staged import (  # noqa: E402
     base_config,
     markdown,
     restart_config,
+    seeded,
     summarise,
     untuned_restart_stages,
 )
 
-from stagedyolo.recipe import stage_names  # noqa: E402
+from stagedyolo.recipe import stage_names, stage_spec  # noqa: E402
 
 
 def _rows(*points, img=128, stage="s"):
@@ -120,3 +121,15 @@ def test_the_restart_recipes_run_exactly_their_own_stages(tmp_path):
     for stages in (RESTART_DEMO_STAGES, untuned_restart_stages(4, 18)):
         config = restart_config(base, stages)
         assert stage_names(config) == list(stages) == list(config["stages"])
+
+
+def test_a_repeats_seed_reaches_every_stage_of_both_recipes_and_the_control(tmp_path):
+    base = base_config(tmp_path / "data.yaml", tmp_path / "pretrained.pt", "demo")
+    for config in (seeded(base, 2), seeded(restart_config(base, RESTART_DEMO_STAGES), 2)):
+        assert {stage: stage_spec(config, stage)["seed"] for stage in stage_names(config)} == dict.fromkeys(
+            stage_names(config), 2
+        )
+    # the fair control is one stage built on the same stage_defaults (run_control)
+    control = {**seeded(base, 1), "stage_order": ["control"], "stages": {"control": {"epochs": 5}}}
+    assert stage_spec(control, "control")["seed"] == 1
+    assert "seed" not in base["stage_defaults"]  # the shared config is copied, not changed

@@ -113,11 +113,15 @@ def test_the_chain_passes_weights_on(tiny_run):
     assert plan["highres"]["img"] == 96 and plan["frozen"]["freeze"] == 10
 
 
-def test_the_report_shows_the_fixed_costs_before_every_stages_first_step(tiny_run):
+def test_the_report_shows_the_fixed_costs_from_the_snakemake_call_to_every_stages_first_step(tiny_run):
     _, run, _ = tiny_run
     costs = json.loads((run / "report" / "plot_data.json").read_text())["fixed_costs"]
-    assert [row["stage"] for row in costs["rows"]] == STAGES
-    assert all(row["gap_s"] > 0 and 0 < row["setup_s"] <= row["gap_s"] for row in costs["rows"]), costs
+    startup, *stages = costs["rows"]
+    # verify_env found the snakemake call among its parents: the clock starts there, not at the first job
+    assert startup["after"] == "the snakemake call" and startup["gap_s"] > 0, costs
+    assert costs["clock_from"] == "the snakemake call"
+    assert [row["stage"] for row in stages] == STAGES
+    assert all(row["gap_s"] > 0 and 0 < row["setup_s"] <= row["gap_s"] for row in stages), costs
     assert 0 < costs["share"] < 1
     assert "## Fixed costs" in (run / "report" / "summary.md").read_text()
 
