@@ -368,8 +368,9 @@ def snakemake_started_unix() -> tuple[float | None, str | None]:
 
 
 def _is_snakemake(cmdline: list[str]) -> bool:
-    """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`."""
-    return any(Path(part).name == "snakemake" for part in cmdline[:3])
+    """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`, but not the snakemake an
+    executor starts to run one job (`--target-jobs`: a cluster node's job step, or a local job's subprocess)."""
+    return any(Path(part).name == "snakemake" for part in cmdline[:3]) and "--target-jobs" not in cmdline
 
 
 def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | None = None) -> dict:

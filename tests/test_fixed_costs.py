@@ -63,9 +63,12 @@ def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch)
     monkeypatch.setattr(envcheck.psutil, "Process", Me)
     assert envcheck.snakemake_started_unix() == (10.0, None)
 
-    class Elsewhere:
+    class Elsewhere:  # a SLURM job step: the snakemake there runs one job, it is not the user's call
         def parents(self):
-            return [Proc(["slurmstepd: [12.batch]"], 5.0)]
+            return [
+                Proc(["python", "-m", "snakemake", "--target-jobs", "verify_env:", "--mode", "remote"], 6.0),
+                Proc(["slurmstepd: [12.batch]"], 5.0),
+            ]
 
     monkeypatch.setattr(envcheck.psutil, "Process", Elsewhere)
     started, reason = envcheck.snakemake_started_unix()
