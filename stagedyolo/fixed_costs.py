@@ -38,8 +38,9 @@ def fixed_costs(
         previous_end, after = clock.get("train_end"), f"{stage['name']}'s last training step"
     gaps = [row["gap_s"] for row in rows]
     total = round(sum(gaps), 1) if gaps and None not in gaps else None
-    run = _between(snakemake_started_unix if snakemake_started_unix is not None else job_started_unix, previous_end)
-    clock_from = "the snakemake call" if snakemake_started_unix is not None else "the first job"
+    called = snakemake_started_unix is not None
+    run = _between(snakemake_started_unix if called else job_started_unix, previous_end)
+    clock_from = "the snakemake call" if called else "the first job"
     share = round(total / run, 3) if total and run else None
     return {"rows": rows, "total_s": total, "run_s": run, "share": share, "clock_from": clock_from}
 
