@@ -26,6 +26,13 @@ target size in that repeat. Per side and target: time to the target, and the rat
 Also each side's best mAP50 at 160 px and its whole wall clock. Repeats: `--repeats` (>= 3), the side order rotating
 by one each repeat, os.getloadavg() recorded before and after every run; medians with min-max over repeats.
 No goal: an ablation describes; the recipe's goals are naive_vs_staged's.
+
+Seeds (added 2026-12-04, this paragraph written before the first seeded figures): repeat i trains every side at
+yolov5 seed `--seeds`[i] (default 0, 1, 2; naive_vs_staged.seeded sets stage_defaults.seed), so the four sides of a
+repeat share one seed and each ratio is paired within its seed, while the spread over repeats holds the training's
+own variance, not only timing noise. A CPU training is deterministic per seed and machine: the earlier files, every
+repeat at seed 0, each describe one trajectory. The targets and sides are unchanged; each repeat's row in the
+markdown names its seed and every side's best mAP50.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from naive_vs_staged import (  # noqa: E402
     demo_inputs,
     first_reaching,
     run_staged,
+    seeded,
     spread,
     untuned_config,
 )
@@ -149,6 +157,25 @@ def markdown(result: dict) -> list[str]:
         ratios = s["ratio_vs_staged"].get(side)
         cells = [_cell(ratios[n]["ratio"]) + _bounds(ratios[n]) for n in ratios] if ratios else ["1"] * (len(fixed) + 1)
         lines.append(f"| {side} | {_cell(s['best_map50'][side])} | {_cell(s['wall_s'][side])} | {' | '.join(cells)} |")
+    return lines + ["", *_repeat_rows(result["per_repeat"], fixed)]
+
+
+def _repeat_rows(repeats: list[dict], fixed: tuple) -> list[str]:
+    """Every side of every repeat: its seed, best mAP50, wall and seconds to each target (— = never reached)."""
+    names = (*map(str, fixed), BEST)
+    lines = [
+        "| repeat | seed | side | best mAP50 | wall s | " + " | ".join(f"s to {n}" for n in names) + " |",
+        "|---:|---:|---|---:|---:|" + "---:|" * len(names),
+    ]
+    for index, repeat in enumerate(repeats):
+        for side in SIDES:
+            times = [repeat["time_s"][side][n] for n in names]
+            cells = " | ".join("—" if t is None else f"{t:.0f}" for t in times)
+            best = repeat["best_map50"][side]
+            lines.append(
+                f"| {index + 1} | {repeat.get('seed', 0)} | {side} | {'—' if best is None else f'{best:.3f}'} | "
+                f"{repeat['wall_s'][side]:.0f} | {cells} |"
+            )
     return lines
 
 
@@ -169,8 +196,10 @@ def main(argv=None):
     ap.add_argument("--dataset", choices=sorted(JUDGED), default="demo")
     ap.add_argument("--name", default=None, help="results file (default recipe_ablation, or recipe_ablation_<dataset>)")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--seeds", default="0,1,2", help="repeat i trains every side at seed i of this list (cycled)")
     ap.add_argument("--smoke", action="store_true", help="1 repeat, every stage one epoch: checks the script runs")
     a = ap.parse_args(argv)
+    a.seeds = [int(x) for x in str(a.seeds).split(",")]
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
     suffix = "" if a.dataset == "demo" else f"_{a.dataset}"
@@ -185,11 +214,18 @@ def main(argv=None):
     repeats, runs = [], []
     for index in range(a.repeats):
         order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
-        done = {side: run_staged(ablated(config, side), a.workdir / f"r{index}" / side, side) for side in order}
+        seed = a.seeds[index % len(a.seeds)]
+        done = {
+            side: run_staged(seeded(ablated(config, side), seed), a.workdir / f"r{index}" / side, side)
+            for side in order
+        }
         for side in order:
-            print(json.dumps({"repeat": index, "side": side, "wall_s": round(done[side]["wall_s"], 1)}), flush=True)
+            print(
+                json.dumps({"repeat": index, "seed": seed, "side": side, "wall_s": round(done[side]["wall_s"], 1)}),
+                flush=True,
+            )
         runs.append(done)
-        repeats.append(analyse_repeat(done, img, fixed))
+        repeats.append({**analyse_repeat(done, img, fixed), "seed": seed})
         result = {
             "design": __doc__.split("\n\n", 1)[1],
             "dataset": a.dataset,

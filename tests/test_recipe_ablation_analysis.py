@@ -8,6 +8,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import recipe_ablation  # noqa: E402
 from naive_vs_staged import FIXED_TARGETS, UNTUNED, untuned_config  # noqa: E402
 from recipe_ablation import BEST, JUDGED, SIDES, ablated, analyse_repeat, markdown, summarise  # noqa: E402
 
@@ -58,5 +59,24 @@ def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
     summary = summarise([repeat, repeat, repeat], FIXED_TARGETS)
     assert summary["ratio_vs_staged"]["no_continuity"]["0.5"]["ratio"]["median"] == 1.5
     assert summary["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] is None  # bounds are not medians
-    table = "\n".join(markdown({"dataset": "demo", "repeats": 3, "summary": summary}))
+    seeded_repeats = [{**repeat, "seed": seed} for seed in (0, 1, 2)]
+    table = "\n".join(markdown({"dataset": "demo", "repeats": 3, "summary": summary, "per_repeat": seeded_repeats}))
     assert all(f"| {side} |" in table for side in SIDES)
+    assert "| 3 | 2 | no_resolution | 0.750 | 130 | 50 | 50 | — | — |" in table  # per repeat: seed, best, s to each
+
+
+def test_repeat_i_trains_every_side_at_seed_i_and_leaves_the_recipe_as_it_was(monkeypatch, tmp_path):
+    trained, saved = [], []
+
+    def fake_run(config, workdir, side):
+        trained.append((workdir.parent.name, side, config["stage_defaults"].get("seed")))
+        return _run(10, (5, 0.6), (8, 0.95))
+
+    recipe = yaml.safe_load(yaml.safe_dump(SHIPPED))
+    monkeypatch.setattr(recipe_ablation, "recipe", lambda dataset: recipe)
+    monkeypatch.setattr(recipe_ablation, "run_staged", fake_run)
+    monkeypatch.setattr(recipe_ablation, "save", lambda name, result, lines: saved.append(result))
+    recipe_ablation.main(["--seeds", "7,8,9", "--workdir", str(tmp_path)])
+    assert sorted(trained) == sorted((f"r{i}", side, 7 + i) for i in range(3) for side in SIDES)
+    assert [r["seed"] for r in saved[-1]["per_repeat"]] == [7, 8, 9]
+    assert "seed" not in recipe["stage_defaults"]
