@@ -599,6 +599,20 @@ def dataset_plans(inputs: dict, args) -> dict:
     return plans
 
 
+def add_seeds_argument(ap: argparse.ArgumentParser) -> None:
+    """``--seeds``, shared by the benchmarks that train every side of repeat i at one seed."""
+    ap.add_argument(
+        "--seeds",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[0, 1, 2],
+        help="repeat i trains every side at seed i of this comma-separated list (cycled)",
+    )
+
+
+def seed_of(seeds: list[int], repeat: int) -> int:
+    return seeds[repeat % len(seeds)]
+
+
 def seeded(config: dict, seed: int) -> dict:
     """``config`` with every stage (and so the fair control, which takes stage_defaults) trained at ``seed``."""
     config = copy.deepcopy(config)
@@ -664,7 +678,7 @@ def main(argv=None):
         ap.add_argument(f"--{name}-budgets", default=spec.budgets, help=f"fair control's epoch budgets on {name}")
         for field in SIZE_FIELDS:
             ap.add_argument(f"--{name}-{field}", type=int, default=getattr(spec, field))
-    ap.add_argument("--seeds", default="0,1,2", help="repeat i trains every side at seed i of this list (cycled)")
+    add_seeds_argument(ap)
     ap.add_argument("--cap-s", type=float, default=150, help="the newcomer's time cap per run (fixed in advance)")
     ap.add_argument("--name", default="naive_vs_staged", help="results file name")
     ap.add_argument("--workdir", type=Path, default=WORK / "naive_vs_staged")
@@ -682,7 +696,6 @@ def main(argv=None):
             setattr(a, f"{name}_{field}", tiny[field])
     for name in ("demo", *UNTUNED):
         setattr(a, f"{name}_budgets", [int(x) for x in getattr(a, f"{name}_budgets").split(",")])
-    a.seeds = [int(x) for x in str(a.seeds).split(",")]
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
     started = time.time()
@@ -701,7 +714,7 @@ def main(argv=None):
         for name in a.datasets.split(","):
             if index < len(runs[name]):
                 continue
-            seed = a.seeds[index % len(a.seeds)]
+            seed = seed_of(a.seeds, index)
             done = run_repeat(index, name, plans[name], a.workdir, last_staged[name], a.cap_s, seed)
             last_staged[name] = next(r for r in done if r["side"] == "staged")
             runs[name].append(done)

@@ -50,11 +50,13 @@ from naive_vs_staged import (  # noqa: E402
     DEMO_EVAL_IMG,
     FIXED_TARGETS,
     UNTUNED,
+    add_seeds_argument,
     base_config,
     best_map,
     demo_inputs,
     first_reaching,
     run_staged,
+    seed_of,
     seeded,
     spread,
     untuned_config,
@@ -196,10 +198,9 @@ def main(argv=None):
     ap.add_argument("--dataset", choices=sorted(JUDGED), default="demo")
     ap.add_argument("--name", default=None, help="results file (default recipe_ablation, or recipe_ablation_<dataset>)")
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--seeds", default="0,1,2", help="repeat i trains every side at seed i of this list (cycled)")
+    add_seeds_argument(ap)
     ap.add_argument("--smoke", action="store_true", help="1 repeat, every stage one epoch: checks the script runs")
     a = ap.parse_args(argv)
-    a.seeds = [int(x) for x in str(a.seeds).split(",")]
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
     suffix = "" if a.dataset == "demo" else f"_{a.dataset}"
@@ -214,7 +215,7 @@ def main(argv=None):
     repeats, runs = [], []
     for index in range(a.repeats):
         order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
-        seed = a.seeds[index % len(a.seeds)]
+        seed = seed_of(a.seeds, index)
         done = {
             side: run_staged(seeded(ablated(config, side), seed), a.workdir / f"r{index}" / side, side)
             for side in order
