@@ -972,9 +972,3 @@ def write_diagnosis(stage_dir, findings) -> dict:
     out["json"].write_text(json.dumps(findings.to_dict(), indent=2))
     out["md"].write_text(diagnosis_markdown(findings))
     return out
-
-
-def thresholds_markdown() -> str:
-    rows = ["| threshold | value | unit | source |", "|---|---:|---|---|"]
-    rows += [f"| `{k}` | {v[0]:g} | {v[1]} | {v[2]} |" for k, v in THRESHOLDS.items()]
-    return "\n".join(rows) + "\n"

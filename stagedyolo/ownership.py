@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import secrets
-import shutil
 import stat
 from pathlib import Path
 
@@ -108,14 +107,6 @@ def temp_path(path: str | os.PathLike) -> Path:
 def sweep_temps(folder: str | os.PathLike) -> int:
     """Delete what killed writers left under an owned folder. Call it holding ``locked``: every writer holds it."""
     return sum(drop(p) for p in require_owned(folder, "sweep").rglob(TMP_PREFIX + "*") if p.is_file())
-
-
-def remove_owned(folder: str | os.PathLike) -> bool:
-    """Delete a folder the pipeline owns; anything without the marker is left alone. Returns whether it was."""
-    if not is_owned(folder):
-        return False
-    shutil.rmtree(folder)
-    return True
 
 
 def drop(path: Path) -> int:

@@ -10,7 +10,6 @@ from stagedyolo.diagnosis import (
     diagnosis_markdown,
     finding,
     read_facts,
-    thresholds_markdown,
     verdict_line,
     write_diagnosis,
 )
@@ -310,10 +309,9 @@ def test_order_and_verdict_and_files(tmp_path):
     assert "amp: true" in out["md"].read_text()
 
 
-def test_thresholds_table_has_sources():
-    md = thresholds_markdown()
-    for k, (_value, unit, src) in THRESHOLDS.items():
-        assert src and unit and f"`{k}`" in md
+def test_every_threshold_has_a_unit_and_a_source():
+    for _value, unit, src in THRESHOLDS.values():
+        assert src and unit
 
 
 def test_input_not_mutated():
