@@ -4,6 +4,7 @@ and its ratio to the shipped recipe is measured, bounded or absent as the design
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -29,14 +30,21 @@ def test_each_side_takes_out_one_part_and_nothing_else():
     assert _differences("no_freezing") == {("frozen", "freeze")}
 
 
-def test_on_the_untuned_set_the_sides_take_out_the_same_parts_of_its_recipe_and_judge_it_at_its_target_size():
-    mixed = UNTUNED["mixed"]
-    config = untuned_config("mixed", Path("data.yaml"), Path("w.pt"), mixed.img, mixed.frozen, mixed.finetune)
+@pytest.mark.parametrize(
+    "name, img, small, epochs", [("mixed", 320, 256, [2, 2, 12, 4]), ("det", 160, 128, [2, 4, 18, 6])]
+)
+def test_on_an_untuned_set_the_sides_take_out_the_same_parts_of_its_recipe_and_judge_it_at_its_target_size(
+    name, img, small, epochs
+):
+    spec = UNTUNED[name]
+    config = untuned_config(name, Path("data.yaml"), Path("w.pt"), spec.img, spec.frozen, spec.finetune)
+    assert [stage["epochs"] for stage in config["stages"].values()] == epochs
+    assert [stage.get("img", img) for stage in config["stages"].values()] == [small, small, small, img]
     assert {key for _, key in _differences("no_continuity", config)} == {"start_from"}
     assert _differences("no_freezing", config) == {("frozen", "freeze")}
     assert {key for _, key in _differences("no_resolution", config)} == {"img"}
-    assert {stage["img"] for stage in ablated(config, "no_resolution")["stages"].values()} == {mixed.img} == {320}
-    assert JUDGED["mixed"][0] == 320 and JUDGED["demo"] == (160, FIXED_TARGETS)
+    assert {stage["img"] for stage in ablated(config, "no_resolution")["stages"].values()} == {spec.img} == {img}
+    assert JUDGED[name][0] == img and JUDGED["demo"] == (160, FIXED_TARGETS)
 
 
 def _run(wall, *points):
