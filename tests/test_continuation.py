@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from stage_specs import small_stage_spec
 
 from stagedyolo.demo import TARGET_CLASSES, DemoSpec, write_demo_dataset
@@ -136,3 +137,11 @@ def test_a_continued_stage_runs_no_autoanchor_and_its_plan_says_why(chain):
     assert record["options"]["noautoanchor"] is True and record["hyp"]["warmup_epochs"] == 0.0
     assert "AutoAnchor" not in (chain["continued"].parent.parent / "continued.log").read_text()
     assert "AutoAnchor" in (chain["restarted"].parent.parent / "restarted.log").read_text()
+
+
+def test_a_continued_stage_draws_its_own_shuffles_and_augmentations(chain):
+    # train.py seeds the sampler and the augmentations at its start: at the first stage's seed a continued stage
+    # would replay the first stage's epochs draw for draw. It runs at the seed plus the epochs already trained.
+    seeds = {stage: yaml.safe_load((folder / "opt.yaml").read_text())["seed"] for stage, folder in chain.items()}
+    assert seeds == {"first": 0, "continued": EPOCHS_FIRST, "restarted": 0}
+    assert read_json(chain["continued"] / "stage.json")["continuation"]["seed"] == EPOCHS_FIRST

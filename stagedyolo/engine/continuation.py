@@ -23,7 +23,9 @@ optimizer, scheduler and EMA for this stage's settings (the patch table's `conti
   yolov5's schedule. So a stage's LR depends only on its own settings and the checkpoint it is given:
   changing a later stage never changes an earlier one, and a changed earlier stage reruns the later ones through
   their input;
-- no warmup (it ran once, in the first stage) and no AutoAnchor (it ran once too; the anchors are in the weights).
+- no warmup (it ran once, in the first stage) and no AutoAnchor (it ran once too; the anchors are in the weights);
+- its own random draws: train.py seeds shuffles and augmentations from opt.seed, so the stage runs at the seed plus
+  the epochs already trained (worker.build_opt) instead of replaying the first stage's epochs.
 
 The model weights train.py loads from continue.pt are the trained model (ckpt['model']), not the EMA: the EMA is
 restored beside it, as yolov5's own --resume does.

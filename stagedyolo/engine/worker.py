@@ -168,6 +168,7 @@ def take_up_plan(plan: dict, torch) -> dict | None:
         "lr0": plan["hyp"]["lr0"],
         "lr0_source": "the previous stage's handover" if plan.get("lr_from_previous") else "the stage's own lr0",
         "recipe_epochs_before": handover["recipe_epochs"],
+        "seed": plan.get("options", {}).get("seed", 0) + handover["recipe_epochs"],  # build_opt says why
         "warmup": "none: it ran once, in the first stage",
         "autoanchor": "off: it ran once, in the first stage",
     }
@@ -232,6 +233,10 @@ def build_opt(train, plan: dict, device: str):
         if not hasattr(opt, key):  # a yolov5 other than 7.0.14 renamed it: fail instead of silently ignoring it
             raise RuntimeError(f"yolov5's train.py has no option {key!r}: stagedyolo supports yolov5==7.0.14")
         setattr(opt, key, value)
+    # train.py seeds the sampler's shuffles and the augmentations from opt.seed at its start: at one seed, every
+    # stage would replay the first stage's epochs in the same order with the same augmentations. A continuing stage
+    # draws from the seed plus the epochs already trained, so the training's every epoch gets its own draws.
+    opt.seed += plan.get("recipe_epochs_before", 0)
     return opt
 
 
