@@ -14,6 +14,9 @@ NOMINAL_BATCH = 64
 MIN_WARMUP_ITERS = 100
 # The largest stride of the yolov5 detection models: check_img_size rounds an image size up to a multiple of it.
 MAX_STRIDE = 32
+# The finest stride of the yolov5 detection models (the P3 output): a box under this many pixels at the training size
+# spans less than one cell of the finest grid.
+MIN_STRIDE = 8
 # results.csv's column of the validated mAP at IoU 0.5.
 MAP50_COLUMN = "metrics/mAP_0.5"
 

@@ -175,3 +175,18 @@ def test_truncated_image_found_even_if_pil_was_relaxed_process_wide(ds, monkeypa
     truncate_file(write_image(ds.parent / "images" / "train" / "extra.png", seed=7))
     assert [b["reason"] for b in validate_dataset(str(ds))["bad"]][0].startswith("truncated image")
     assert ImageFile.LOAD_TRUNCATED_IMAGES is True  # restored
+
+
+def test_box_short_sides_are_measured_on_the_long_side_with_the_size_that_keeps_them_on_yolov5s_finest_grid(
+    ds, tmp_path
+):
+    # A 128 x 64 image whose box is 6.4 px wide: 0.05 of the long side, as yolov5's letterbox scales it. The other
+    # four labelled 64-px images hold a 0.25 and a 0.1 box each.
+    write_image(ds.parent / "images" / "train" / "train_000.jpg", w=128, h=64)
+    set_label(ds, "0 0.5 0.5 0.05 0.5\n")
+    r = validate_dataset(str(ds))
+    stats = r["splits"]["train"]["box_short_side"]
+    # 95 % of the boxes reach 8 px from 8 / 0.05 = 160 px on (a multiple of 32, as yolov5 trains).
+    assert stats == {"p5_of_long_side": 0.05, "median_of_long_side": 0.1, "min_img_for_95pct_at_stride": 160}
+    write_dataset_report(r, tmp_path / "r.json", tmp_path / "r.md")
+    assert "From **160 px** on, 95 % of them span at least 8 px" in (tmp_path / "r.md").read_text()

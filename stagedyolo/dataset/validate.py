@@ -22,6 +22,8 @@ from pathlib import Path
 import yaml
 from PIL import Image, ImageFile
 
+from stagedyolo.yolov5_facts import MIN_STRIDE, trained_img
+
 # Copied from yolov5/utils/dataloaders.py (7.0.14) rather than imported: importing yolov5 takes ~10 s and reaches out.
 IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm")
 SPLITS = ("train", "val", "test")
@@ -221,8 +223,9 @@ def ends_with_eoi(path: str) -> bool:
 
 
 def check_label(path: str, nc: int) -> dict:
-    """Parse one YOLO label file. Returns {'boxes', 'classes': {id: n}, 'problems': [(line, reason)], 'warnings'}."""
-    out = {"boxes": 0, "classes": {}, "problems": [], "warnings": []}
+    """Parse one YOLO label file. Returns {'boxes', 'classes': {id: n}, 'problems': [(line, reason)], 'warnings',
+    'wh': [(width, height) of each box, normalised]}."""
+    out = {"boxes": 0, "classes": {}, "problems": [], "warnings": [], "wh": []}
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -249,6 +252,7 @@ def check_label(path: str, nc: int) -> dict:
             seen[row] = n
             out["boxes"] += 1
             out["classes"][int(row[0])] = out["classes"].get(int(row[0]), 0) + 1
+            out["wh"].append(row[3:])
     return out
 
 
@@ -375,7 +379,7 @@ def _run_checks(images: list[str], nc: int, workers: int | None) -> list[dict]:
 def _summarise_split(split, sources, images, ignored, results, data) -> dict:
     bad, warnings = [], []
     hist = {name: 0 for name in data["names"]}
-    sizes = []
+    sizes, short_sides = [], []
     labelled = backgrounds = empty = boxes = 0
     for im in images:
         r = results[im]
@@ -387,6 +391,8 @@ def _summarise_split(split, sources, images, ignored, results, data) -> dict:
         if lbl is None:
             backgrounds += 1
             continue
+        if not r["img"]["problem"]:
+            short_sides += _short_sides(lbl["wh"], r["img"]["w"], r["img"]["h"])
         labelled += 1
         empty += lbl["boxes"] == 0 and not lbl["problems"]
         boxes += lbl["boxes"]
@@ -415,8 +421,30 @@ def _summarise_split(split, sources, images, ignored, results, data) -> dict:
         "bad_images": len(bad_images),
         "class_histogram": hist,
         "image_size": _size_stats(sizes),
+        "box_short_side": _short_side_stats(short_sides),
         "_bad": bad,
         "_warnings": warnings,
+    }
+
+
+def _short_sides(wh: list[tuple[float, float]], width: int, height: int) -> list[float]:
+    """Each box's short side as a fraction of its image's long side: yolov5 letterboxes the long side to the
+    training size, so at size S the box is fraction x S pixels across."""
+    return [min(w * width, h * height) / max(width, height) for w, h in wh]
+
+
+def _short_side_stats(fractions: list[float]) -> dict | None:
+    """The boxes' short sides (fractions of the long image side): 5th percentile and median, and the smallest
+    training size (a multiple of 32) at which 95 % of the boxes span at least MIN_STRIDE pixels, yolov5's finest
+    grid. A phase trained below that size shrinks more than a twentieth of the boxes under one cell of it."""
+    if not fractions:
+        return None
+    ordered = sorted(fractions)
+    p5, median = ordered[int(0.05 * (len(ordered) - 1))], ordered[len(ordered) // 2]
+    return {
+        "p5_of_long_side": round(p5, 4),
+        "median_of_long_side": round(median, 4),
+        "min_img_for_95pct_at_stride": trained_img(math.ceil(MIN_STRIDE / p5)),
     }
 
 
@@ -461,6 +489,7 @@ def _markdown(report: dict) -> str:
             f"| {split} | {s['images']} | {s['labelled']} | {s['backgrounds']} | {s['boxes']} | {s['bad_images']} "
             f"| {z['min_w']}/{z['mean_w']}/{z['max_w']} | {z['min_h']}/{z['mean_h']}/{z['max_h']} |"
         )
+    out += _short_side_lines(report["splits"].get("train", {}).get("box_short_side"))
     out += ["", "## Class histogram", "", "| class | " + " | ".join(report["splits"]) + " |"]
     out.append("|---|" + "---|" * len(report["splits"]))
     for name in report["names"]:
@@ -471,6 +500,18 @@ def _markdown(report: dict) -> str:
         out += ["", f"## {title} ({len(items)})", ""]
         out += [f"- `{b['file']}`" + (f" line {b['line']}" if b["line"] else "") + f": {b['reason']}" for b in items]
     return "\n".join(out) + "\n"
+
+
+def _short_side_lines(stats: dict | None) -> list[str]:
+    if not stats:
+        return []
+    return [
+        "",
+        f"Training boxes: short side {stats['p5_of_long_side']:.1%} (5th percentile) and "
+        f"{stats['median_of_long_side']:.1%} (median) of the image's long side. From "
+        f"**{stats['min_img_for_95pct_at_stride']} px** on, 95 % of them span at least {MIN_STRIDE} px, one cell of "
+        "yolov5's finest grid: a stage trained below that size shrinks more of them under it (docs/recipe.md).",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
