@@ -25,7 +25,7 @@ optimizer, scheduler and EMA for this stage's settings (the patch table's `conti
   their input;
 - no warmup (it ran once, in the first stage) and no AutoAnchor (it ran once too; the anchors are in the weights);
 - its own random draws: train.py seeds shuffles and augmentations from opt.seed, so the stage runs at the seed plus
-  the epochs already trained (worker.build_opt) instead of replaying the first stage's epochs.
+  the epochs already trained (worker.take_up_plan) instead of replaying the first stage's epochs.
 
 The model weights train.py loads from continue.pt are the trained model (ckpt['model']), not the EMA: the EMA is
 restored beside it, as yolov5's own --resume does.

@@ -152,8 +152,9 @@ def load_engine(plan: dict, torch, started_at: float = 0.0) -> tuple[EngineConte
 
 def take_up_plan(plan: dict, torch) -> dict | None:
     """For a stage that continues the previous one: read what it handed over (stagedyolo.engine.continuation) and
-    complete the plan with it, in place: the learning rate to start at (unless the stage named its own lr0) and the
-    epochs trained so far. Returns the record for stage.json, or None for a stage that starts a training."""
+    complete the plan with it, in place: the learning rate to start at (unless the stage named its own lr0), the
+    epochs trained so far and the seed its random draws start from. Returns the record for stage.json, or None for
+    a stage that starts a training."""
     plan["recipe_epochs_before"] = 0
     if not plan.get("continues"):
         return None
@@ -163,12 +164,17 @@ def take_up_plan(plan: dict, torch) -> dict | None:
         plan["fitness_before"] = handover["fitness"]
     if plan.get("lr_from_previous"):
         plan["hyp"]["lr0"] = handover["lr"]
+    # train.py seeds the sampler's shuffles and the augmentations from opt.seed at its start: at one seed, every
+    # stage would replay the first stage's epochs in the same order with the same augmentations. A continuing stage
+    # draws from the seed (yolov5's default 0) plus the epochs already trained; build_opt passes it on as an option.
+    options = plan.setdefault("options", {})
+    options["seed"] = options.get("seed", 0) + handover["recipe_epochs"]
     return {
         "from": plan["weights"],
         "lr0": plan["hyp"]["lr0"],
         "lr0_source": "the previous stage's handover" if plan.get("lr_from_previous") else "the stage's own lr0",
         "recipe_epochs_before": handover["recipe_epochs"],
-        "seed": plan.get("options", {}).get("seed", 0) + handover["recipe_epochs"],  # build_opt says why
+        "seed": options["seed"],
         "warmup": "none: it ran once, in the first stage",
         "autoanchor": "off: it ran once, in the first stage",
     }
@@ -233,10 +239,6 @@ def build_opt(train, plan: dict, device: str):
         if not hasattr(opt, key):  # a yolov5 other than 7.0.14 renamed it: fail instead of silently ignoring it
             raise RuntimeError(f"yolov5's train.py has no option {key!r}: stagedyolo supports yolov5==7.0.14")
         setattr(opt, key, value)
-    # train.py seeds the sampler's shuffles and the augmentations from opt.seed at its start: at one seed, every
-    # stage would replay the first stage's epochs in the same order with the same augmentations. A continuing stage
-    # draws from the seed plus the epochs already trained, so the training's every epoch gets its own draws.
-    opt.seed += plan.get("recipe_epochs_before", 0)
     return opt
 
 
