@@ -285,6 +285,9 @@ def run_staged(config: dict, workdir: Path, side: str = "staged") -> dict:
         "workers": stage_json["workers"],
         "torch_threads": stage_json["torch_threads"],
         "batch": stage_json["batch"],
+        "trained_img": {  # each stage's training size: its img, or what the data's boxes raised it to
+            path.parent.name: json.loads(path.read_text())["img"] for path in run_dir.glob("stages/*/stage.json")
+        },
     }
 
 

@@ -4,12 +4,16 @@ rules depend on from here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stagedyolo.engine.options import AUGMENTATION_KEYS, YOLOV5_OPTIONS, engine_spec
+from stagedyolo.jsonio import read_json
 
 # Keys a stage may set. The schema (workflow/schemas/config.schema.yaml) documents and bounds each one.
 STAGE_KEYS = (
     "epochs",
     "img",
+    "img_from_boxes",
     "val_img",
     "batch",
     "workers",
@@ -73,8 +77,9 @@ def stage_spec(config: dict, stage: str) -> dict:
     spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
     if spec["device"] is None:
         spec["device"] = config["device"]
+    spec["target_img"] = target_img(config)
     if spec["val_img"] is None:
-        spec["val_img"] = target_img(config)
+        spec["val_img"] = spec["target_img"]
     spec["engine"] = engine_spec(config.get("engine") or {}, spec["engine_mode"])
     # start_from: previous continues the previous stage's training (stagedyolo.engine.continuation), at the LR it
     # handed over unless the stage names its own lr0 (a jump it asks for; stage_defaults' lr0 is the first stage's).
@@ -92,6 +97,29 @@ def target_img(config: dict) -> int | None:
     return int(img) if img else None  # a partial config (tests, a check of one key) may name no size
 
 
+def stage_img(spec: dict, boxes_need: int | None) -> tuple[int, dict | None]:
+    """The size a stage trains at, and what decided it. With ``img_from_boxes``, a phase below the recipe's target
+    trains at no less than ``boxes_need`` (the dataset report's training boxes: min_img_for_95pct_at_stride, from
+    boxes_need_img), and never above the target: a cheaper size must not shrink the data's small objects under one
+    cell of yolov5's finest grid. (On det, whose boxes need 224 px at a 160-px target, early phases at 128 ended at
+    mAP50 0.231 and at 160 at 0.262, seeds 0-2: benchmarks/results/recipe_ablation_det_seeds.) The decision is
+    None where the rule does not apply: switched off, a stage at the target, or no box figure."""
+    img, target = int(spec["img"]), spec.get("target_img")
+    if not spec.get("img_from_boxes") or target is None or img >= int(target) or boxes_need is None:
+        return img, None
+    trained = min(int(target), max(img, int(boxes_need)))
+    return trained, {"configured": img, "boxes_need": int(boxes_need), "target": int(target), "trained": trained}
+
+
+def boxes_need_img(dataset_report: str | Path | None) -> int | None:
+    """The training size at which 95 % of the training boxes span one cell of yolov5's finest grid, from
+    prepare_dataset's dataset_report.json (None without a report or without boxes)."""
+    if not dataset_report:
+        return None
+    train = read_json(Path(dataset_report))["splits"].get("train") or {}
+    return (train.get("box_short_side") or {}).get("min_img_for_95pct_at_stride")
+
+
 def stage_inputs(config: dict, stage: str) -> dict:
     """Everything a stage's job reads from the config: its spec, the model config it builds from, the telemetry
     interval, and the tune window when the stage tunes. The train_stage rule passes exactly this as its params, so a
@@ -105,16 +133,27 @@ def stage_inputs(config: dict, stage: str) -> dict:
     }
 
 
-def image_store_sizes(config: dict) -> dict[str, list[int]]:
-    """Per split, the image sizes the stages whose cache may be ram (auto or ram) load it at: train at each stage's
-    img, val at its val_img. Empty when cache.prebuild_ram is off."""
+# The stage keys that decide the sizes a stage loads its images at (stage_img and val_img).
+SIZE_KEYS = ("img", "img_from_boxes", "target_img", "val_img")
+
+
+def image_store_stages(config: dict) -> list[dict]:
+    """The stages whose cache may be ram (auto or ram), by the keys that decide their sizes: what cache_dataset
+    builds the image store for. Empty when cache.prebuild_ram is off."""
     if not config["cache"].get("prebuild_ram", True):
-        return {}
+        return []
     specs = [stage_spec(config, stage) for stage in stage_names(config)]
-    ram = [spec for spec in specs if spec["cache"] in ("auto", "ram")]
-    if not ram:
+    return [{key: spec[key] for key in SIZE_KEYS} for spec in specs if spec["cache"] in ("auto", "ram")]
+
+
+def image_store_sizes(stages: list[dict], boxes_need: int | None = None) -> dict[str, list[int]]:
+    """Per split, the image sizes those stages load at: train at each one's stage_img, val at its val_img."""
+    if not stages:
         return {}
-    return {"train": sorted({spec["img"] for spec in ram}), "val": sorted({spec["val_img"] for spec in ram})}
+    return {
+        "train": sorted({stage_img(spec, boxes_need)[0] for spec in stages}),
+        "val": sorted({spec["val_img"] for spec in stages}),
+    }
 
 
 # The stage keys the probe decides when a stage leaves them at `auto`.
@@ -146,7 +185,18 @@ def probe_batches(config: dict) -> list[int]:
 
 
 # The stage keys a stage's speed depends on: what the probe predicts each stage's images/s from.
-SPEED_KEYS = ("img", "freeze", "batch", "workers", "amp", "gpus", "nominal_batch", "engine")
+SPEED_KEYS = (
+    "img",
+    "img_from_boxes",
+    "target_img",
+    "freeze",
+    "batch",
+    "workers",
+    "amp",
+    "gpus",
+    "nominal_batch",
+    "engine",
+)
 
 
 def probe_stage_specs(config: dict) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
 from stagedyolo.engine.options import engine_spec, stage_hyp, yolov5_options
+from stagedyolo.recipe import stage_img
 from stagedyolo.yolov5_facts import MIN_WARMUP_ITERS, NOMINAL_BATCH, accumulate
 
 # Smallest batch the out-of-memory retry halves down to.
@@ -35,6 +36,7 @@ class StagePlan(TypedDict, total=False):
     cfg: str
     epochs: int
     img: int
+    img_decision: dict | None  # how the data's box sizes set img (recipe.stage_img); None where they did not
     val_img: int  # the size its validation loader loads at (recipe.target_img unless the stage names one)
     batch: int  # total over the stage's GPUs
     workers: int  # per rank
@@ -138,11 +140,13 @@ def build_plan(
     probe_choice: dict | None = None,
     image_store: str | None = None,
     run_stages: list[dict] | None = None,
+    boxes_need: int | None = None,
 ) -> StagePlan:
     """The stage's plan from its spec (recipe.stage_spec) and what this run decided: the cache mode (cache_dataset),
     the probe's choice, the job's threads. ``image_store``: the working copy whose prebuilt image store serves a ram
-    cache, None to let yolov5 decode."""
+    cache, None to let yolov5 decode. ``boxes_need``: the size the data's boxes need (recipe.boxes_need_img)."""
     resources = resolve_resources(spec, threads, probe_choice)
+    img, img_decision = stage_img(spec, boxes_need)
     cache = cache_mode if spec["cache"] == "auto" else spec["cache"]
     # A spec that leaves them out (a hand-built spec) trains exactly as yolov5 does.
     nominal_batch = _unless_none(spec.get("nominal_batch"), NOMINAL_BATCH)
@@ -155,8 +159,9 @@ def build_plan(
         weights_stamp=_file_stamp(weights),
         cfg=cfg,
         epochs=spec["epochs"],
-        img=spec["img"],
-        val_img=spec.get("val_img") or spec["img"],  # a hand-built spec without it validates as yolov5 does
+        img=img,
+        img_decision=img_decision,
+        val_img=spec.get("val_img") or img,  # a hand-built spec without it validates as yolov5 does
         batch=resources.batch,
         workers=resources.workers,
         torch_threads=resources.torch_threads,
@@ -183,7 +188,7 @@ def build_plan(
         time_budget_s=spec["time_budget_min"] * 60 if spec.get("time_budget_min") else None,
         handover_on_stall=spec.get("handover_on_stall"),
         work_dir=str(Path(work_dir).resolve()),
-        run_stages=run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": spec["img"]}],
+        run_stages=run_stages or [{"stage": stage, "epochs": spec["epochs"], "img": img}],
     )
 
 

@@ -28,7 +28,7 @@ SNAKEFILE = f"""
 from stagedyolo.recipe import stage_inputs
 
 rule train_stage:
-    input: data="data/data.yaml", cache="cache.json", weights=[], probe=[]
+    input: data="data/data.yaml", dataset_report="dataset_report.json", cache="cache.json", weights=[], probe=[]
     output: timing="results/r/stages/{{stage}}/timing.json"
     log: "results/r/logs/{{stage}}.log"
     threads: 1
@@ -117,6 +117,7 @@ def test_snakemake_killed_leaves_no_stage_process_and_nothing_published(tmp_path
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8))
     assert Path(data) == tmp_path / "data" / "data.yaml"
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "none"}))
+    (tmp_path / "dataset_report.json").write_text(json.dumps({"splits": {}}))  # no box figure: the stage's img
     config = {
         "stage_defaults": SPEC,
         "stages": {"s": {}},

@@ -1,9 +1,20 @@
+import json
+
 import pytest
 import yaml
 
 from stagedyolo.engine.options import base_hyp, stage_hyp
 from stagedyolo.probe.rule import worker_candidates
-from stagedyolo.recipe import image_store_sizes, previous_stage, probe_batches, probe_needed, stage_spec
+from stagedyolo.recipe import (
+    boxes_need_img,
+    image_store_sizes,
+    image_store_stages,
+    previous_stage,
+    probe_batches,
+    probe_needed,
+    stage_img,
+    stage_spec,
+)
 from stagedyolo.stage_plan import cpu_budget, scaled_lr0
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
@@ -27,7 +38,28 @@ def test_every_stage_validates_at_the_last_stages_size_unless_it_names_its_own()
     assert [stage_spec(config, stage)["val_img"] for stage in "abc"] == [192, 128, 192]
     untold = {**config, "stages": {**config["stages"], "c": {}}}  # the last stage at stage_defaults' img
     assert stage_spec(untold, "a")["val_img"] == CONFIG["stage_defaults"]["img"]
-    assert image_store_sizes(config) == {"train": [96, 128, 192], "val": [128, 192]}  # no val store at 96
+    assert image_store_sizes(image_store_stages(config)) == {"train": [96, 128, 192], "val": [128, 192]}  # no val 96
+
+
+def test_an_early_phase_trains_at_no_less_than_its_boxes_need_and_never_above_the_target():
+    config = {**CONFIG, "stage_order": None, "stages": {"a": {"img": 96}, "b": {"img": 128}, "c": {"img": 192}}}
+    spec = {stage: stage_spec(config, stage) for stage in "abc"}
+    assert stage_img(spec["a"], 64) == (96, {"configured": 96, "boxes_need": 64, "target": 192, "trained": 96})
+    assert stage_img(spec["a"], 160) == (160, {"configured": 96, "boxes_need": 160, "target": 192, "trained": 160})
+    assert stage_img(spec["b"], 224)[0] == 192  # capped at the target
+    assert stage_img(spec["c"], 224) == (192, None)  # the target stage is the target
+    assert stage_img(spec["a"], None) == (96, None)  # no box figure: no decision
+    assert stage_img({**spec["a"], "img_from_boxes": False}, 160) == (96, None)
+    assert image_store_sizes(image_store_stages(config), 160) == {"train": [160, 192], "val": [192]}
+
+
+def test_the_box_figure_is_read_from_the_dataset_report(tmp_path):
+    report = tmp_path / "dataset_report.json"
+    train = {"box_short_side": {"min_img_for_95pct_at_stride": 224}}
+    report.write_text(json.dumps({"splits": {"train": train, "val": {"box_short_side": None}}}))
+    assert boxes_need_img(report) == 224
+    report.write_text(json.dumps({"splits": {"train": {"box_short_side": None}}}))  # a data set without boxes
+    assert boxes_need_img(report) is None and boxes_need_img(None) is None
 
 
 def test_a_stage_after_the_first_continues_at_the_handed_over_lr_unless_it_names_its_own():

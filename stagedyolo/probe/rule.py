@@ -20,7 +20,7 @@ from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import keep_for_reuse, read_reusable, reuse_key
 from stagedyolo.probe.stages import predictions
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE
-from stagedyolo.recipe import PROBED_KEYS
+from stagedyolo.recipe import PROBED_KEYS, boxes_need_img, stage_img
 from stagedyolo.stage_plan import available_cores, cpu_budget
 from stagedyolo.yolov5_facts import NOMINAL_BATCH
 
@@ -62,6 +62,7 @@ def probe_for_rule(
     stages: dict | None = None,
     planned_epochs: int | None = None,
     started_unix: float | None = None,
+    dataset_report: str | None = None,
 ) -> dict:
     """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
     to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
@@ -70,7 +71,8 @@ def probe_for_rule(
     TRAINING_SHARE of the planned training. With ``settings["reuse"]`` measurements are kept in
     <results_dir>/probe_cache (derived from `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix
     applies) for later runs on the same machine, data, model and settings. ``started_unix``: when the probe's
-    process started (the rule's script passes it, so the budget covers its Python start-up too); default now."""
+    process started (the rule's script passes it, so the budget covers its Python start-up too); default now.
+    ``dataset_report``: prepare_dataset's report, whose box sizes may raise a stage's img (recipe.stage_img)."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
     if not settings.get("enabled", True):
@@ -97,6 +99,7 @@ def probe_for_rule(
         stages=stages,
         planned_epochs=planned_epochs,
         image_store=(decision.get("store") or {}).get("root"),
+        boxes_need=boxes_need_img(dataset_report),
     )
     request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
     tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
@@ -155,11 +158,13 @@ def plan_request(
     stages: dict | None = None,
     image_store: str | None = None,
     planned_epochs: int | None = None,
+    boxes_need: int | None = None,
 ) -> dict:
-    """What the child measures. On CPU the model is timed at every torch thread count a worker candidate leaves
-    it (cpu_budget), because that is what compute really gets while the workers load. Whether CUDA is there is the
-    child's to find out (it imports torch anyway; importing it here too would cost seconds), so the request holds
-    the candidates and the child expands them into model runs (model_runs_for)."""
+    """What the child measures, each stage at the size it will train at (``boxes_need``: recipe.stage_img). On CPU
+    the model is timed at every torch thread count a worker candidate leaves it (cpu_budget), because that is what
+    compute really gets while the workers load. Whether CUDA is there is the child's to find out (it imports torch
+    anyway; importing it here too would cost seconds), so the request holds the candidates and the child expands
+    them into model runs (model_runs_for)."""
     cores = cpu_budget(threads, 0)[1]
     loader_runs = [
         {"workers": w, "torch_threads": cpu_budget(threads, w)[1]}
@@ -188,7 +193,7 @@ def plan_request(
         "max_seconds": float(settings["seconds_per_candidate"]),
         "budget_s": float(settings["budget_s"]),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
-        "stages": {name: _stage_request(spec, stage_defaults) for name, spec in stages.items()},
+        "stages": {name: _stage_request(spec, stage_defaults, boxes_need) for name, spec in stages.items()},
         # The model runs time the step of the first stage's engine (stages share engine.mode unless one overrides it).
         "engine": next((spec.get("engine") or {} for spec in stages.values()), {}),
         "threads": int(threads),
@@ -203,12 +208,13 @@ def plan_request(
     }
 
 
-def _stage_request(spec: dict, stage_defaults: dict) -> dict:
+def _stage_request(spec: dict, stage_defaults: dict, boxes_need: int | None = None) -> dict:
     """The part of a stage spec its speed depends on, with a complete hyp (yolov5 needs every key): the stage's
     augmentations over stage_defaults' LR and loss gains, which do not change a step's cost."""
     hyp = {**(stage_defaults.get("hyp") or {}), **(spec.get("hyp") or {})}
     return {
-        **{key: spec[key] for key in ("img", "freeze", "batch", "workers", "amp", "gpus")},
+        **{key: spec[key] for key in ("freeze", "batch", "workers", "amp", "gpus")},
+        "img": stage_img(spec, boxes_need)[0],
         "nominal_batch": spec.get("nominal_batch") or NOMINAL_BATCH,
         "hyp": stage_hyp(stage_defaults["lr0"], hyp),
         "engine": spec.get("engine") or {},  # mode, compile, skipped rows: the step the stage runs

@@ -7,7 +7,7 @@ from stagedyolo.checkout import share_checkout_with_jobs
 from stagedyolo.config import check_before_schema, check_config, coerce_cli_strings
 from stagedyolo.export import FORMATS as EXPORT_SUFFIXES
 from stagedyolo.recipe import (
-    image_store_sizes,
+    image_store_stages,
     previous_stage,
     probe_batches,
     probe_needed,
@@ -136,9 +136,9 @@ def get_stage_outputs(stage):
     }
 
 
-def get_image_store_sizes():
-    """The image sizes of the stages that may cache in RAM: the store cache_dataset decodes once for all of them."""
-    return image_store_sizes(config)
+def get_image_store_stages():
+    """The stages that may cache in RAM, by what decides their sizes: the store cache_dataset decodes once for them."""
+    return image_store_stages(config)
 
 
 def get_max_stage_img():

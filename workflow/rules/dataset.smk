@@ -25,6 +25,7 @@ rule prepare_dataset:
 rule cache_dataset:
     input:
         data=rules.prepare_dataset.output.data,
+        dataset_report=rules.prepare_dataset.output.report_json,
     output:
         decision=f"{RUN}/data/cache.json",
     log:
@@ -34,6 +35,6 @@ rule cache_dataset:
     params:
         cache=config["cache"],
         max_img=get_max_stage_img(),
-        store_sizes=get_image_store_sizes(),
+        store_stages=get_image_store_stages(),
     script:
         "../scripts/cache_dataset.py"

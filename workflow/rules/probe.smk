@@ -1,6 +1,7 @@
 rule probe:
     input:
         data=rules.prepare_dataset.output.data,
+        dataset_report=rules.prepare_dataset.output.report_json,
         cache=rules.cache_dataset.output.decision,
         weights=get_pretrained_input(),
     output:

@@ -4,6 +4,7 @@
 rule train_stage:
     input:
         data=rules.prepare_dataset.output.data,
+        dataset_report=rules.prepare_dataset.output.report_json,
         cache=rules.cache_dataset.output.decision,
         env=rules.verify_env.output.json,
         probe=get_probe_output(),

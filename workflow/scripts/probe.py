@@ -5,6 +5,7 @@ from stagedyolo.recipe import planned_epochs
 
 probe_for_rule(
     snakemake.input.data,
+    dataset_report=snakemake.input.dataset_report,
     cache_decision=snakemake.input.cache,
     weights=list(snakemake.input.weights),
     tuning_out=snakemake.output.tuning,

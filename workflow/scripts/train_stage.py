@@ -11,6 +11,7 @@ train_stage(
     snakemake.wildcards.stage,
     run_stages=run_outline(snakemake.config),  # the progress line's run ETA only: decides nothing the stage trains
     data=snakemake.input.data,
+    dataset_report=snakemake.input.dataset_report,
     cache_decision=snakemake.input.cache,
     weights=list(snakemake.input.weights),
     probe=list(snakemake.input.probe),

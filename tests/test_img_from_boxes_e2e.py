@@ -1,0 +1,48 @@
+"""An early phase's image size follows the data's box sizes, through the real pipeline: the dataset report's figure
+raises a cheaper phase toward the target, and the probe, the image store and the stage all see the raised size."""
+
+import json
+
+import pytest
+import yaml
+from dataset_testing import make_dataset
+from snakemake_runner import make_workdir, snakemake
+
+pytestmark = pytest.mark.e2e
+
+# make_dataset's smallest boxes are a tenth of the 64-px image: 8 px need 80 px of image, rounded up to 96.
+BOXES_NEED = 96
+CONFIG = {
+    "run": "boxes",
+    "model": {"weights": None},
+    "cache": {"mode": "ram"},
+    "probe": {"budget_s": 8, "seconds_per_candidate": 1, "min_steps": 4, "workers": [0], "batch": [4]},
+    "stage_defaults": {"batch": 4, "workers": 0},
+    "stage_order": ["smoke", "frozen", "highres"],
+    "stages": {
+        "smoke": {"epochs": 1, "img": 64, "start_from": "model"},  # raised to what the boxes need
+        "frozen": {"epochs": 1, "img": 64, "img_from_boxes": False},  # kept at its img
+        "highres": {"epochs": 1, "img": 128},  # the target
+    },
+    "export": {"enabled": False},
+}
+
+
+def test_a_cheaper_phase_trains_at_the_size_its_boxes_need_and_every_job_sees_it(tmp_path):
+    data = make_dataset(tmp_path / "data", n_train=8, n_val=2)
+    workdir = make_workdir(tmp_path / "project")
+    (workdir / "boxes.yaml").write_text(yaml.safe_dump({**CONFIG, "dataset": str(data)}))
+    snakemake(workdir, configfiles=[workdir / "boxes.yaml"])
+
+    run = workdir / "results" / "boxes"
+    report = json.loads((run / "data" / "dataset_report.json").read_text())
+    assert report["splits"]["train"]["box_short_side"]["min_img_for_95pct_at_stride"] == BOXES_NEED
+    plan = {stage: json.loads((run / "stages" / stage / "stage.json").read_text()) for stage in CONFIG["stage_order"]}
+    assert plan["smoke"]["img"] == BOXES_NEED
+    assert plan["smoke"]["img_decision"] == {"configured": 64, "boxes_need": BOXES_NEED, "target": 128, "trained": 96}
+    assert (plan["frozen"]["img"], plan["frozen"]["img_decision"]) == (64, None)
+    assert (plan["highres"]["img"], plan["highres"]["img_decision"]) == (128, None)
+    predicted = json.loads((run / "probe" / "tuning.json").read_text())["stages"]
+    assert {stage: predicted[stage]["settings"]["img"] for stage in plan} == {"smoke": 96, "frozen": 64, "highres": 128}
+    store = json.loads((run / "data" / "cache.json").read_text())["store"]
+    assert "[64, 96, 128]" in store["reason"], store  # the store holds the sizes the stages train at, no other
