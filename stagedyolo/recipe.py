@@ -54,11 +54,12 @@ def unlisted_stages(config: dict) -> list[str]:
     return [stage for stage in config["stages"] if stage not in stage_names(config)]
 
 
-def run_outline(config: dict) -> list[dict]:
-    """Every stage in order with its epochs and image size: what a run's ETA is estimated from."""
+def run_outline(config: dict, boxes_need: int | None = None) -> list[dict]:
+    """Every stage in order with its epochs and the image size it trains at (stage_img): what a run's ETA is
+    estimated from."""
+    specs = {name: stage_spec(config, name) for name in stage_names(config)}
     return [
-        {"stage": name, **{key: stage_spec(config, name)[key] for key in ("epochs", "img")}}
-        for name in stage_names(config)
+        {"stage": name, "epochs": spec["epochs"], "img": stage_img(spec, boxes_need)[0]} for name, spec in specs.items()
     ]
 
 

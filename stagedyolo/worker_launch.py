@@ -24,6 +24,7 @@ def timing_meta(plan: StagePlan, outcome: dict, attempts: list[dict]) -> dict:
         "amp_dtype": outcome.get("amp_dtype"),
         "amp_reason": outcome.get("amp_reason"),
         "img": plan["img"],
+        "img_decision": plan.get("img_decision"),
         "val_img": plan.get("val_img"),
         "cache": plan["cache"] or "none",
         "device": outcome.get("device"),

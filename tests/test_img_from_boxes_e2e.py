@@ -40,8 +40,11 @@ def test_a_cheaper_phase_trains_at_the_size_its_boxes_need_and_every_job_sees_it
     plan = {stage: json.loads((run / "stages" / stage / "stage.json").read_text()) for stage in CONFIG["stage_order"]}
     assert plan["smoke"]["img"] == BOXES_NEED
     assert plan["smoke"]["img_decision"] == {"configured": 64, "boxes_need": BOXES_NEED, "target": 128, "trained": 96}
+    timing = json.loads((run / "stages" / "smoke" / "timing.json").read_text())["config"]
+    assert (timing["img"], timing["img_decision"]) == (96, plan["smoke"]["img_decision"])
     assert (plan["frozen"]["img"], plan["frozen"]["img_decision"]) == (64, None)
     assert (plan["highres"]["img"], plan["highres"]["img_decision"]) == (128, None)
+    assert [stage["img"] for stage in plan["smoke"]["run_stages"]] == [96, 64, 128]  # the progress line's ETA
     predicted = json.loads((run / "probe" / "tuning.json").read_text())["stages"]
     assert {stage: predicted[stage]["settings"]["img"] for stage in plan} == {"smoke": 96, "frozen": 64, "highres": 128}
     store = json.loads((run / "data" / "cache.json").read_text())["store"]

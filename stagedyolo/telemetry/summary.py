@@ -299,6 +299,7 @@ CONFIG_KEYS = (
     "amp_dtype",
     "amp_reason",
     "img",
+    "img_decision",
     "val_img",
     "cache",
     "device",
