@@ -88,7 +88,12 @@ def table_rows(stages) -> list[dict]:
         g, c, th = t.get("gpu") or {}, t.get("cpu") or {}, t.get("throughput") or {}
         m = [v for v in s["results"]["map50"] if v is not None]
         diag = s["diagnosis"] or {}
-        row = {"stage": s["name"], "epochs": t.get("epochs_completed"), "wall_s": _num(t.get("wall_s"))}
+        row = {
+            "stage": s["name"],
+            "epochs": t.get("epochs_completed"),
+            "img": (t.get("config") or {}).get("img"),  # the size it trained at (img_from_boxes may raise it)
+            "wall_s": _num(t.get("wall_s")),
+        }
         for k in PHASES:
             row[f"{k}_%"] = _pct((ph.get(k) or {}).get("share"))
         row.update(

@@ -47,5 +47,7 @@ def test_a_cheaper_phase_trains_at_the_size_its_boxes_need_and_every_job_sees_it
     assert [stage["img"] for stage in plan["smoke"]["run_stages"]] == [96, 64, 128]  # the progress line's ETA
     predicted = json.loads((run / "probe" / "tuning.json").read_text())["stages"]
     assert {stage: predicted[stage]["settings"]["img"] for stage in plan} == {"smoke": 96, "frozen": 64, "highres": 128}
+    table = (run / "report" / "stages.csv").read_text().splitlines()
+    assert [row.split(",")[2] for row in table] == ["img", "96", "64", "128"]  # the report shows the trained sizes
     store = json.loads((run / "data" / "cache.json").read_text())["store"]
     assert "[64, 96, 128]" in store["reason"], store  # the store holds the sizes the stages train at, no other
