@@ -27,7 +27,6 @@ from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
 from stagedyolo.probe.stages import compare_prediction
-from stagedyolo.recipe import boxes_need_img
 from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
 from stagedyolo.telemetry import build_timing, write_timing
 from stagedyolo.tune import tune_stage
@@ -51,11 +50,11 @@ def train_stage(
     attempt: int,
     log_path: str,
     run_stages: list[dict] | None = None,
-    dataset_report: str | None = None,
+    boxes_need: int | None = None,
 ) -> dict:
     """The train_stage rule: plan the stage from its inputs (recipe.stage_inputs: the rule's params), run it, publish
     it into timing_path's folder. ``run_stages``: the run's outline, for the progress line's ETA only.
-    ``dataset_report``: prepare_dataset's report, whose box sizes may raise an early phase's img (recipe.stage_img).
+    ``boxes_need``: the size the data's boxes need (recipe.boxes_need_img), which may raise an early phase's img.
 
     Folders are derived from the output path (R/stages/S/timing.json), so a Snakemake module's prefix applies.
     """
@@ -75,7 +74,7 @@ def train_stage(
         probe_choice=tuning.get("choice"),
         image_store=(decision.get("store") or {}).get("root"),
         run_stages=run_stages,
-        boxes_need=boxes_need_img(dataset_report),
+        boxes_need=boxes_need,
     )
 
     def make_plan(changes: dict) -> StagePlan:  # the stage's plan with some settings changed (a tune candidate)

@@ -6,13 +6,15 @@ exit_when_job_starter_dies()
 from stagedyolo.recipe import boxes_need_img, run_outline  # noqa: E402  (the watch starts first)
 from stagedyolo.stage import train_stage  # noqa: E402
 
+# The size the data's boxes need, read once: the stage's plan and the run's outline both apply it (recipe.stage_img).
+boxes_need = boxes_need_img(snakemake.input.dataset_report)
 train_stage(
     snakemake.params.inputs,
     snakemake.wildcards.stage,
     # the progress line's run ETA only: decides nothing the stage trains
-    run_stages=run_outline(snakemake.config, boxes_need_img(snakemake.input.dataset_report)),
+    run_stages=run_outline(snakemake.config, boxes_need),
     data=snakemake.input.data,
-    dataset_report=snakemake.input.dataset_report,
+    boxes_need=boxes_need,
     cache_decision=snakemake.input.cache,
     weights=list(snakemake.input.weights),
     probe=list(snakemake.input.probe),
