@@ -147,15 +147,13 @@ def _check_stage_order(config: dict) -> list[str]:
 
 def _check_dataset(config: dict, workdir: Path) -> list[str]:
     dataset = config["dataset"]
-    if dataset == "demo":
-        return []
     path = workdir / dataset
-    if not path.is_file():
-        return [
-            f"dataset: {dataset!r} does not exist (looked at {path.resolve()}). "
-            "Set dataset to the path of your YOLOv5 data.yaml, or to demo."
-        ]
-    return []
+    if dataset == "demo" or path.is_file():
+        return []
+    return [
+        f"dataset: {dataset!r} does not exist (looked at {path.resolve()}). "
+        "Set dataset to the path of your YOLOv5 data.yaml, or to demo."
+    ]
 
 
 def _check_model(config: dict, workdir: Path) -> list[str]:
@@ -212,33 +210,22 @@ def _check_stage(config: dict, stage: str) -> list[str]:
         stage_hyp(spec["lr0"], spec["hyp"])
     except ValueError as error:
         problems.append(f"{key}.hyp: {error}")
-    checks = _check_tune(stage, spec) + _check_handover(stage, spec) + _check_yolov5_options(config, stage, spec)
-    return problems + checks
-
-
-def _check_handover(stage: str, spec: dict) -> list[str]:
-    """handover_on_stall ends a stage at an epoch yolov5 only saves when nosave is off (the decision comes after the
-    epoch's validation, too late for yolov5 to treat it as final): the next stage would have nothing to continue."""
+    # A tune trial runs the stage in one process: on a multi-GPU stage it would wait for ranks that never start,
+    # each trial until the 30-minute DDP timeout.
+    if spec.get("tune") and ranks > 1:
+        problems.append(
+            f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']} (nodes: {nodes}): "
+            "each tune trial would hang until the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 "
+            "(tune a copy of the stage on one GPU, then train on several with the settings it kept)."
+        )
+    # handover_on_stall ends a stage at an epoch yolov5 only saves when nosave is off (the decision comes after the
+    # epoch's validation, too late for yolov5 to treat it as final): the next stage would have nothing to continue.
     if spec.get("handover_on_stall") and spec.get("nosave"):
-        return [
-            f"stages.{stage}: handover_on_stall needs every epoch saved, and nosave: true saves only the last. "
+        problems.append(
+            f"{key}: handover_on_stall needs every epoch saved, and nosave: true saves only the last. "
             "Set nosave: false or handover_on_stall: null."
-        ]
-    return []
-
-
-def _check_tune(stage: str, spec: dict) -> list[str]:
-    """A tune trial runs the stage in one process: on a multi-GPU stage it would wait for ranks that never start,
-    each trial until the 30-minute DDP timeout."""
-    if not (spec.get("tune") and spec["gpus"] * (spec.get("nodes") or 1) > 1):
-        return []
-    key = f"stages.{stage}"
-    return [
-        f"{key}.tune: true cannot be combined with {key}.gpus: {spec['gpus']} (nodes: {spec.get('nodes') or 1}): "
-        "each tune trial would hang until "
-        "the 30-minute DDP timeout. Set tune: false for this stage, or gpus: 1 (tune a copy of the stage on one "
-        "GPU, then train on several with the settings it kept)."
-    ]
+        )
+    return problems + _check_yolov5_options(config, stage, spec)
 
 
 def _check_yolov5_options(config: dict, stage: str, spec: dict) -> list[str]:

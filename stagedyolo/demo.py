@@ -63,18 +63,20 @@ def write_demo_dataset(root: str | Path, spec: DemoSpec) -> Path:
     return data_yaml
 
 
+def _demo_specs(train_images: int, val_images: int, seed: int, test_images: int = 0) -> dict[str, DemoSpec]:
+    """The two demo sets, {"target": spec, "pretrain": spec}; only the target set has a test split."""
+    return {
+        "target": DemoSpec(TARGET_CLASSES, train_images, val_images, test_images, seed=seed),
+        "pretrain": DemoSpec(PRETRAIN_CLASSES, train_images, val_images, seed=seed + 1000),
+    }
+
+
 def write_demo(
     root: str | Path, train_images: int = 256, val_images: int = 64, seed: int = 0, test_images: int = 0
 ) -> dict:
-    """Both demo sets under `root` (a test split in the target set only); returns {"target": data.yaml,
-    "pretrain": data.yaml}."""
-    root = Path(root)
-    target = DemoSpec(TARGET_CLASSES, train_images, val_images, test_images, seed=seed)
-    pretrain = DemoSpec(PRETRAIN_CLASSES, train_images, val_images, seed=seed + 1000)
-    return {
-        "target": write_demo_dataset(root / "target", target),
-        "pretrain": write_demo_dataset(root / "pretrain", pretrain),
-    }
+    """Both demo sets under `root`; returns {"target": data.yaml, "pretrain": data.yaml}."""
+    specs = _demo_specs(train_images, val_images, seed, test_images)
+    return {name: write_demo_dataset(Path(root) / name, spec) for name, spec in specs.items()}
 
 
 def _background(rng: random.Random, size: int) -> Image.Image:
@@ -159,24 +161,11 @@ def _draw_shape(draw: ImageDraw.ImageDraw, name: str, box, fill) -> tuple[float,
 
 def write_demo_for_rule(target_yaml: str, pretrain_yaml: str, settings: dict, log_path: str) -> None:
     """The demo_dataset rule: both sets, each where the rule's outputs say."""
-    written = []
-    for data_yaml, spec in (
-        (
-            target_yaml,
-            DemoSpec(
-                TARGET_CLASSES,
-                settings["train_images"],
-                settings["val_images"],
-                settings["test_images"],
-                seed=settings["seed"],
-            ),
-        ),
-        (
-            pretrain_yaml,
-            DemoSpec(PRETRAIN_CLASSES, settings["train_images"], settings["val_images"], seed=settings["seed"] + 1000),
-        ),
-    ):
-        written.append(write_demo_dataset(Path(data_yaml).parent, spec))
+    specs = _demo_specs(settings["train_images"], settings["val_images"], settings["seed"], settings["test_images"])
+    written = [
+        write_demo_dataset(Path(data_yaml).parent, spec)
+        for data_yaml, spec in zip((target_yaml, pretrain_yaml), specs.values())
+    ]
     Path(log_path).write_text("".join(f"wrote {path}\n" for path in written))
 
 

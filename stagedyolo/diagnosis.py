@@ -136,12 +136,6 @@ TRADE_OFFS = {
         "keeps only last.pt, written at the end: a stage killed mid-way restarts instead of resuming",
     ),
 }
-_NO_OOM_GAIN = {
-    "speedup": None,
-    "saves_share": None,
-    "basis": "avoids running out of memory (and its retries)",
-    "measured_by": None,
-}
 _SMALLER_MODEL = "a smaller model (model.cfg), e.g. yolov5n.yaml"
 
 
@@ -250,11 +244,9 @@ def _int(x):
 
 
 def _amp_on(amp) -> bool | None:
-    if isinstance(amp, bool):
-        return amp
-    if isinstance(amp, str) and amp.lower() in ("true", "false"):
-        return amp.lower() == "true"
-    return None
+    if isinstance(amp, str):
+        amp = {"true": True, "false": False}.get(amp.lower())
+    return amp if isinstance(amp, bool) else None
 
 
 def _memory_share(gpu: dict) -> float | None:
@@ -388,16 +380,20 @@ def _gain(speedup=None, saves_share=None, basis="", measured_by=None) -> dict:
     }
 
 
-def _setting(change: str) -> tuple[str, str, str]:
-    """``stages.S.workers: 8`` -> ("stages.S.workers", "workers", "8")."""
+_NO_OOM_GAIN = _gain(basis="avoids running out of memory (and its retries)")
+
+
+def _setting(change: str) -> tuple[str, str | None, str]:
+    """``stages.S.workers: 8`` -> ("stages.S.workers", "workers", "8"); the key is None when the change is not a
+    stage setting (e.g. the smaller model)."""
     head, _, value = change.partition(": ")
-    return head, head.rsplit(".", 1)[-1], value
+    return head, head.rsplit(".", 1)[-1] if head.startswith("stages.") else None, value
 
 
 def trade_off_of(change: str) -> dict | None:
     """What ``change`` costs besides speed, {"summary", "detail"} (TRADE_OFFS), or None."""
-    head, key, _value = _setting(change)
-    if not head.startswith("stages.") or key not in TRADE_OFFS:
+    _head, key, _value = _setting(change)
+    if key not in TRADE_OFFS:
         return None
     summary, detail = TRADE_OFFS[key]
     return {"summary": summary, "detail": detail}
@@ -411,18 +407,13 @@ def _with_trade_off(change: str) -> str:
 
 def candidate_of(change: str) -> dict | None:
     """``stages.S.workers: 8`` -> {"workers": 8} when a tune trial can measure it, else None."""
-    head, key, value = _setting(change)
-    if not head.startswith("stages.") or key not in TRIALABLE_KEYS or not value:
+    _head, key, value = _setting(change)
+    if key not in TRIALABLE_KEYS or not value:
         return None
     value = value.split()[0]
     if value.isdigit():
         return {key: int(value)}
     return {key: {"true": True, "false": False}.get(value, value)}
-
-
-def _defines_stage(change: str, f: Facts) -> bool:
-    head, key, _value = _setting(change)
-    return head.startswith("stages.") and key in f.defining
 
 
 def finding(f: Facts, code, evidence, levers, why, *, share=None, key=None, gain=None, **kw):
@@ -431,7 +422,7 @@ def finding(f: Facts, code, evidence, levers, why, *, share=None, key=None, gain
     a setting defining the stage is dropped; when none is left the class is reported as not evaluated, with why.
     ``candidate`` (keyword): the tune trial's settings, by default the change's; None when a short training window
     cannot measure it (validation, checkpoints, memory)."""
-    kept = [c for c in levers if not _defines_stage(c, f)]
+    kept = [c for c in levers if _setting(c)[1] not in f.defining]
     if not kept:
         key = _setting(levers[0])[1]
         return NotEvaluated(code, f"{why}, but the change that would help ({levers[0]}) alters {f.defining[key]}")
@@ -458,8 +449,9 @@ def finding(f: Facts, code, evidence, levers, why, *, share=None, key=None, gain
 # ---- levers shared by several classes ------------------------------------------------------------------------------
 
 
-def _round32(x) -> int:
-    return max(32, int(x) // 32 * 32)
+def smaller_img(f: Facts) -> str:
+    """Three quarters of the stage's image size (of 64 when unknown), down to a multiple of 32, at least 32."""
+    return f"stages.{f.stage}.img: {max(32, int((f.img or 64) * 0.75) // 32 * 32)}"
 
 
 def cache_change(f: Facts) -> str | None:
@@ -499,8 +491,8 @@ def bigger_batch(f: Facts) -> int:
     nominal batch when only memory headroom (not low utilisation) suggests it."""
     factor = 2
     if f.memory_share:
-        factor = min(2 ** int(math.floor(math.log2(max(T("memory_target_share") / f.memory_share, 1.0)))), 4)
-    batch = f.batch * max(factor, 1)
+        factor = min(2 ** int(math.log2(max(T("memory_target_share") / f.memory_share, 1.0))), 4)
+    batch = f.batch * factor
     if _memory_headroom(f) and not f.gpu_low_util:
         batch = min(batch, f.nominal_batch)
     return batch // f.gpus * f.gpus
@@ -548,7 +540,7 @@ def memory_bound_gpu(f: Facts) -> list:
     elif f.batch is not None and f.batch > T("small_batch"):
         levers, why = [halve, _SMALLER_MODEL], "AMP is already on and the batch is large: halve it"
     elif f.img is not None and f.img > 64:
-        levers = [f"stages.{f.stage}.img: {_round32(f.img * 0.75)}", _SMALLER_MODEL]
+        levers = [smaller_img(f), _SMALLER_MODEL]
         why = "AMP is on and the batch is already small: the image (or the model) is too big for this GPU"
     else:
         levers, why = [halve, _SMALLER_MODEL], "memory is full"
@@ -597,10 +589,16 @@ def data_loading_bound(f: Facts) -> list:
     elif cache:
         levers, why = [cache], "the CPUs are busy (or workers are at the cap): skip JPEG decoding by caching"
     elif f.gpu and f.img:
-        levers = [f"stages.{f.stage}.img: {_round32(f.img * 0.75)}"]
+        levers = [smaller_img(f)]
         why = "the CPUs are saturated and the images are already cached: less augmentation/resize work per image"
     else:
-        return [NotEvaluated("data_loading_bound", _not_a_loader_problem(f))]
+        reason = (
+            f"data wait {100 * f.data_wait_share:.1f} % of the step, but on this CPU-only run the loading shares the "
+            f"{f.cores} core(s) with the training ({f.threads} torch thread(s), {f.workers} loader worker(s), CPU "
+            f"{f.cpu_util if f.cpu_util is None else round(f.cpu_util)} %) and the images are already cached: no core "
+            "is free for a loader worker and no decoding is left to skip, so no loader setting frees time"
+        )
+        return [NotEvaluated("data_loading_bound", reason)]
     evidence = {
         "data_wait_share": _ev(f.data_wait_share, T("data_wait_share"), ">"),
         "data_wait_share_all_epochs": _ev(f.data_wait_share_all, T("data_wait_share"), ">"),
@@ -615,15 +613,6 @@ def data_loading_bound(f: Facts) -> list:
     return [finding(f, "data_loading_bound", evidence, levers, why, share=share, gain=gain)]
 
 
-def _not_a_loader_problem(f: Facts) -> str:
-    return (
-        f"data wait {100 * f.data_wait_share:.1f} % of the step, but on this CPU-only run the loading shares the "
-        f"{f.cores} core(s) with the training ({f.threads} torch thread(s), {f.workers} loader worker(s), CPU "
-        f"{f.cpu_util if f.cpu_util is None else round(f.cpu_util)} %) and the images are already cached: no core is "
-        "free for a loader worker and no decoding is left to skip, so no loader setting frees time"
-    )
-
-
 def batch_too_small(f: Facts) -> list:
     """A bigger batch, only when a measurement at it was faster (low utilisation alone is the host-bound class)."""
     if f.cpu_only:
@@ -636,7 +625,11 @@ def batch_too_small(f: Facts) -> list:
     if support is None:
         batch = bigger_batch(f)
         if (f.gpu_low_util or _memory_headroom(f)) and batch > f.batch:
-            return [NotEvaluated("batch_too_small", _unmeasured_batch(f, batch))]
+            reason = (
+                f"GPU util p50 {f.gpu_util:.0f} %, but no measurement shows a bigger batch faster; "
+                f"stages.{f.stage}.tune: true measures batch {batch} before advising it"
+            )
+            return [NotEvaluated("batch_too_small", reason)]
         return []
     batch, speedup, source = support
     evidence = {
@@ -652,13 +645,6 @@ def batch_too_small(f: Facts) -> list:
     return [finding(f, "batch_too_small", evidence, change, why, share=idle, key="measured_speedup", gain=gain)]
 
 
-def _unmeasured_batch(f: Facts, batch: int) -> str:
-    return (
-        f"GPU util p50 {f.gpu_util:.0f} %, but no measurement shows a bigger batch faster; "
-        f"stages.{f.stage}.tune: true measures batch {batch} before advising it"
-    )
-
-
 def host_bound_step(f: Facts) -> list:
     """GPU idle while the loader keeps up and no measurement supports a bigger batch: the host side of the step sets
     the pace. The change is a measurement (tune), whose candidate is the bigger batch."""
@@ -667,6 +653,7 @@ def host_bound_step(f: Facts) -> list:
     if f.data_wait_share > T("data_wait_share") or _batch_support(f):
         return []
     batch = bigger_batch(f)
+    bigger = batch > f.batch
     step_share = 1 - f.data_wait_share  # the main process is inside its own step the rest of the time
     idle = (1 - f.gpu_util / 100) * f.train_share
     evidence = {
@@ -679,35 +666,31 @@ def host_bound_step(f: Facts) -> list:
         f"the GPU idles {100 - f.gpu_util:.0f} % of the time while the main process spends {100 * step_share:.0f} % "
         "of it inside its own step: the host side of the step (Python, kernel launches, syncs; yolov5's "
         "deterministic mode, EMA update) sets the pace. More workers do not help, and a bigger batch only if a "
-        "measurement says so" + (f": tune measures batch {batch}" if batch > f.batch else "")
+        "measurement says so" + (f": tune measures batch {batch}" if bigger else "")
     )
-    also = [f"measure stages.{f.stage}.batch: {batch} (tune) before using it"] if batch > f.batch else []
-    basis = "upper bound: the GPU's idle share of training; no config change is known to recover it"
-    levers = [f"stages.{f.stage}.tune: true", *also]
-    candidate = {"batch": batch} if batch > f.batch else None
-    return [
-        finding(
-            f, "host_bound_step", evidence, levers, why, share=idle, gain=_gain(None, idle, basis), candidate=candidate
-        )
-    ]
+    levers = [f"stages.{f.stage}.tune: true"]
+    if bigger:
+        levers.append(f"measure stages.{f.stage}.batch: {batch} (tune) before using it")
+    gain = _gain(None, idle, "upper bound: the GPU's idle share of training; no config change is known to recover it")
+    candidate = {"batch": batch} if bigger else None
+    return [finding(f, "host_bound_step", evidence, levers, why, share=idle, gain=gain, candidate=candidate)]
 
 
 def _val_stall(f: Facts, share: float):
     """(the val_period change, the share of the loop it saves), or why none saves anything."""
-    validated = [e for e in f.epoch_rows if e.get("validated")] or f.epoch_rows
-    val_s = sum(e["val_s"] for e in validated) / len(validated)
-    rest_s = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in f.epoch_rows) / len(f.epoch_rows)
     if "val_period" in f.defining:
         return NotEvaluated(
             "periodic_stalls", f"val takes {100 * share:.0f} % of the epoch loop; {f.defining['val_period']}"
         )
+    validated = [e for e in f.epoch_rows if e.get("validated")] or f.epoch_rows
+    val_s = sum(e["val_s"] for e in validated) / len(validated)
+    rest_s = sum(e["train_s"] + e["checkpoint_s"] + e["logging_s"] for e in f.epoch_rows) / len(f.epoch_rows)
     now, epochs, target = f.val_period, f.epochs, T("val_target_share")
-    period = None
     if rest_s > 0 and epochs >= 2:  # the smallest period > now that brings validation near val_target_share
         period = min(max(now + 1, math.ceil(val_s * (1 - target) / (target * rest_s))), epochs)
-    skipped = validations(now, epochs) - validations(period, epochs) if period else 0
-    if skipped > 0:  # measured: the validations the new period skips, at this stage's mean validation time
-        return f"stages.{f.stage}.val_period: {period}", skipped * val_s / f.loop_s
+        skipped = validations(now, epochs) - validations(period, epochs)
+        if skipped > 0:  # measured: the validations the new period skips, at this stage's mean validation time
+            return f"stages.{f.stage}.val_period: {period}", skipped * val_s / f.loop_s
     return NotEvaluated(
         "periodic_stalls",
         f"val takes {100 * share:.0f} % of the epoch loop, but the {epochs}-epoch stage already validates only "
@@ -793,11 +776,7 @@ def batch_reduced_after_oom(f: Facts) -> list:
         "batch_that_failed": f.oom_attempts[0].get("batch"),
         "batch_used": f.batch,
     }
-    levers = [
-        f"stages.{f.stage}.batch: {f.batch}",
-        f"stages.{f.stage}.amp: true",
-        f"stages.{f.stage}.img: {_round32((f.img or 64) * 0.75)}",
-    ]
+    levers = [f"stages.{f.stage}.batch: {f.batch}", f"stages.{f.stage}.amp: true", smaller_img(f)]
     why = "CUDA ran out of memory at the configured batch; each retry halved it"
     return [
         finding(
@@ -857,13 +836,12 @@ def diagnose(timing: dict, stage: str | None = None, measured: dict | None = Non
 def verdict_line(stage, findings) -> str:
     """One line for the log: the bottleneck (first finding), its evidence and the change; then every other advised
     change that costs more than speed (resume, what is trained), so no such cost hides below the headline."""
-    findings = list(findings)
     stage = stage or "<stage>"
     if not findings or findings[0]["code"] == "healthy":
         return f"[{stage}] healthy: no bottleneck above thresholds"
     f = findings[0]
     key = f.get("key_metric")
-    ev = f["evidence"].get(key) if key else None
+    ev = f["evidence"].get(key)
     evs = ""
     if isinstance(ev, dict) and ev.get("value") is not None and ev.get("threshold") is not None:
         evs = f" ({key} {ev['value']:.3g} {ev['op']} {ev['threshold']:g})"
@@ -877,14 +855,9 @@ def verdict_line(stage, findings) -> str:
 def _costly_advice(findings) -> list[str]:
     """Every advised change with a trade-off but the top finding's own change, as ``setting: value (cost)``."""
     changes = list(findings[0]["also"]) + [c for x in findings[1:] for c in (x["change"], *x["also"])]
-    out = []
-    for change in changes:
-        trade_off = trade_off_of(change)
-        head, _key, value = _setting(change)
-        text = f"{head}: {value.split(' (')[0]} ({trade_off['summary']})" if trade_off else None
-        if text and text not in out:
-            out.append(text)
-    return out
+    # an "also" already carries its cost in brackets: strip it, so each change is named once
+    bare = [f"{head}: {value.split(' (')[0]}" for head, _key, value in map(_setting, changes)]
+    return list(dict.fromkeys(_with_trade_off(change) for change in bare if trade_off_of(change)))
 
 
 def _verification(f) -> str:
@@ -935,8 +908,9 @@ def _fmt_num(x) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def diagnosis_markdown(findings) -> str:
-    d = findings.to_dict() if isinstance(findings, Findings) else Findings(findings).to_dict()
+def diagnosis_markdown(findings: Findings) -> str:
+    """diagnosis.md: the verdict, each finding (change, trade-off, gain, evidence), what was not evaluated, tune."""
+    d = findings.to_dict()
     lines = [f"# Diagnosis: {d['stage']}", "", d["verdict"], ""]
     for i, f in enumerate(d["findings"], 1):
         lines += (
@@ -944,10 +918,7 @@ def diagnosis_markdown(findings) -> str:
             + ([f"Trade-off: {f['trade_off']['detail']}", ""] if f.get("trade_off") else [])
             + [f"Expected gain: {gain_text(f)}", ""]
         )
-        for a in f["also"]:
-            lines.append(f"- also: `{a}`")
-        if f["also"]:
-            lines.append("")
+        lines += [f"- also: `{a}`" for a in f["also"]] + ([""] if f["also"] else [])
         lines += [f"Why: {f['why']}", "", "| evidence | value | threshold |", "|---|---:|---:|"]
         for k, v in f["evidence"].items():
             if isinstance(v, dict):
@@ -962,10 +933,8 @@ def diagnosis_markdown(findings) -> str:
     return "\n".join(lines)
 
 
-def write_diagnosis(stage_dir, findings) -> dict:
+def write_diagnosis(stage_dir, findings: Findings) -> dict:
     """Write diagnosis.json (findings, not evaluated, thresholds with sources) and diagnosis.md."""
-    if not isinstance(findings, Findings):
-        findings = Findings(findings)
     d = Path(stage_dir)
     d.mkdir(parents=True, exist_ok=True)
     out = {"json": d / "diagnosis.json", "md": d / "diagnosis.md"}

@@ -7,6 +7,7 @@ The facts are gathered by small probe functions (torch, NVML, host, packages) an
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -80,15 +81,12 @@ def driver_compatibility(driver: str | None, cuda_build: str | None) -> dict:
         out["reason"] = "driver version unknown (NVML unavailable)"
         return out
     out["ok"] = drv >= floor
-    out["reason"] = (
-        None
-        if out["ok"]
-        else (
+    if not out["ok"]:
+        out["reason"] = (
             f"NVIDIA driver {driver} is too old for torch's CUDA {cuda_build} build (CUDA {cuda[0]}.x needs driver >= "
             f"{out['min_driver']}). Fix: upgrade the NVIDIA driver to >= {out['min_driver']}, or install a torch built "
             f"for an older CUDA that this driver supports (https://pytorch.org/get-started/previous-versions/)"
         )
-    )
     return out
 
 
@@ -233,17 +231,8 @@ def torch_facts() -> dict:
         "gpus_reason": None,
     }
     if out["device_count"]:
-        out["gpus"] = []
-        for i in range(out["device_count"]):
-            p = torch.cuda.get_device_properties(i)
-            out["gpus"].append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "compute_capability": f"{p.major}.{p.minor}",
-                    "total_memory_bytes": p.total_memory,
-                }
-            )
+        props = [torch.cuda.get_device_properties(i) for i in range(out["device_count"])]
+        out["gpus"] = [_gpu(i, p.name, p.major, p.minor, p.total_memory) for i, p in enumerate(props)]
     else:
         out["gpus_reason"] = (
             "torch is a CPU-only build" if torch.version.cuda is None else "torch.cuda.is_available() is False"
@@ -270,22 +259,24 @@ def nvml_facts() -> dict:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            out["gpus"].append(
-                {
-                    "index": i,
-                    "name": _text(pynvml.nvmlDeviceGetName(h)),
-                    "compute_capability": f"{major}.{minor}",
-                    "total_memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
-                }
-            )
+            name, memory = _text(pynvml.nvmlDeviceGetName(h)), pynvml.nvmlDeviceGetMemoryInfo(h).total
+            out["gpus"].append(_gpu(i, name, major, minor, memory))
     except Exception as e:
         out["reason"] = f"NVML query failed: {type(e).__name__}: {e}"
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return out
+
+
+def _gpu(index: int, name: str, major: int, minor: int, total_memory_bytes: int) -> dict:
+    """One GPU, the same fields whether torch or NVML saw it."""
+    return {
+        "index": index,
+        "name": name,
+        "compute_capability": f"{major}.{minor}",
+        "total_memory_bytes": total_memory_bytes,
+    }
 
 
 def _text(x) -> str:

@@ -182,8 +182,7 @@ def markdown(result: dict, heading: str = "#") -> str:
     if result.get("test_split") is None:
         return f"{heading} Test split\n\nNo test-split score: {result['reason']}.\n"
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in table_rows(result):
-        lines.append("| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |")
+    lines += ["| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |" for row in table_rows(result)]
     return f"{heading} Test split\n\n{caption(result)}\n\n" + "\n".join(lines) + "\n"
 
 

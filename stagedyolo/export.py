@@ -180,6 +180,7 @@ def stride_rounded(img: int, model) -> int:
 
 
 def pytorch_predictions(model, x: np.ndarray) -> np.ndarray:
+    """A torch model's raw predictions on x: the checkpoint's, or a TorchScript file's."""
     import torch
 
     with torch.no_grad():
@@ -196,8 +197,7 @@ def predictions(fmt: str, path: Path, x: np.ndarray, threads: int) -> np.ndarray
         return session.run(None, {session.get_inputs()[0].name: x})[0]
     import torch
 
-    with torch.no_grad():
-        return torch.jit.load(str(path), map_location="cpu")(torch.from_numpy(x))[0].numpy()
+    return pytorch_predictions(torch.jit.load(str(path), map_location="cpu"), x)
 
 
 def compare_predictions(
@@ -210,18 +210,17 @@ def compare_predictions(
     box_diff = float(np.abs(reference[..., :4] - candidate[..., :4]).max())
     score_diff = float(np.abs(reference[..., 4:] - candidate[..., 4:]).max())
     kept_ref, kept = detections(reference), detections(candidate)
-    record = {
+    same_boxes = len(kept) == len(kept_ref) and np.array_equal(kept[:, 5], kept_ref[:, 5])
+    kept_diff = float(np.abs(kept[:, :4] - kept_ref[:, :4]).max()) if same_boxes and len(kept) else None
+    return {
         "anchors": int(reference.shape[1]),
         "raw_max_box_diff_px": box_diff,
         "raw_max_score_diff": score_diff,
         "detections": len(kept_ref),
         "detections_exported": len(kept),
+        "detections_max_box_diff_px": kept_diff,
+        "passed": bool(same_boxes and box_diff <= box_tolerance_px and score_diff <= score_tolerance),
     }
-    same_boxes = len(kept) == len(kept_ref) and np.array_equal(kept[:, 5], kept_ref[:, 5])
-    kept_diff = float(np.abs(kept[:, :4] - kept_ref[:, :4]).max()) if same_boxes and len(kept) else None
-    record["detections_max_box_diff_px"] = kept_diff
-    record["passed"] = bool(same_boxes and box_diff <= box_tolerance_px and score_diff <= score_tolerance)
-    return record
 
 
 def detections(prediction: np.ndarray) -> np.ndarray:

@@ -8,14 +8,16 @@ written to ``plot_data.json`` so tests and readers can check what was drawn.
 
 from __future__ import annotations
 
+import html
 import json
+import time
 from pathlib import Path
 
 from stagedyolo.jsonio import read_json
+from stagedyolo.telemetry.summary import PHASES
 from stagedyolo.telemetry.summary import finite as _num
 from stagedyolo.yolov5_facts import MAP50_COLUMN
 
-PHASES = ("setup", "train", "val", "checkpoint", "logging", "other")
 FILES = {
     "table_md": "summary.md",
     "table_html": "summary.html",
@@ -49,8 +51,7 @@ def read_telemetry_series(path) -> dict:
     from stagedyolo.telemetry.summary import gpu_ids, read_telemetry
 
     cols, rows = read_telemetry(path)
-    t = [_num(r.get("elapsed_s")) for r in rows]
-    out = {"t": t, "cpu": [_num(r.get("cpu_mean_pct")) for r in rows], "gpu": {}}
+    out = {"t": [_num(r.get("elapsed_s")) for r in rows], "cpu": [_num(r.get("cpu_mean_pct")) for r in rows], "gpu": {}}
     for k in gpu_ids(cols):
         vals = [_num(r.get(f"gpu{k}_util_pct")) for r in rows]
         if any(v is not None for v in vals):
@@ -84,20 +85,17 @@ def table_rows(stages) -> list[dict]:
     rows = []
     for s in stages:
         t = s["timing"] or {}
-        ph = t.get("phases") or {}
+        ph, config = t.get("phases") or {}, t.get("config") or {}
         g, c, th = t.get("gpu") or {}, t.get("cpu") or {}, t.get("throughput") or {}
         m = [v for v in s["results"]["map50"] if v is not None]
         diag = s["diagnosis"] or {}
-        row = {
-            "stage": s["name"],
-            "epochs": t.get("epochs_completed"),
-            "img": (t.get("config") or {}).get("img"),  # the size it trained at (img_from_boxes may raise it)
-            "wall_s": _num(t.get("wall_s")),
-        }
-        for k in PHASES:
-            row[f"{k}_%"] = _pct((ph.get(k) or {}).get("share"))
-        row.update(
+        rows.append(
             {
+                "stage": s["name"],
+                "epochs": t.get("epochs_completed"),
+                "img": config.get("img"),  # the size it trained at (img_from_boxes may raise it)
+                "wall_s": _num(t.get("wall_s")),
+                **{f"{k}_%": _pct((ph.get(k) or {}).get("share")) for k in PHASES},
                 "images_per_s": th.get("steady_images_per_s"),
                 "it_per_s": th.get("steady_it_per_s"),
                 "predicted_images_per_s": (t.get("prediction") or {}).get("predicted_images_per_s"),
@@ -109,12 +107,11 @@ def table_rows(stages) -> list[dict]:
                 "first_epoch_x": t.get("first_epoch_overhead"),
                 "map50_final": round(m[-1], 4) if m else None,
                 "map50_best": round(max(m), 4) if m else None,
-                "batch": (t.get("config") or {}).get("batch"),
-                "workers": (t.get("config") or {}).get("workers"),
+                "batch": config.get("batch"),
+                "workers": config.get("workers"),
                 "verdict": diag.get("verdict") or ("no diagnosis" if not diag else ""),
             }
         )
-        rows.append(row)
     return rows
 
 
@@ -123,31 +120,26 @@ def series(stages) -> dict:
     phases = {
         s["name"]: [((s["timing"] or {}).get("phases") or {}).get(k, {}).get("s", 0.0) for k in PHASES] for s in stages
     }
-    thr_x, thr_y, thr_stage, map_x, map_y, map_stage, bounds = [], [], [], [], [], [], []
-    g = 0
+    throughput, map50, bounds = [], [], []  # points (x on the run's epoch axis, value, stage)
+    offset = 0
     for s in stages:
         eps = (s["timing"] or {}).get("epochs") or []
-        for e in eps:
-            thr_x.append(g + e["epoch"])
-            thr_y.append(e.get("images_per_s"))
-            thr_stage.append(s["name"])
-        r = s["results"]
-        n_res = len(r["epoch"])
-        for i, v in enumerate(r["map50"]):
-            map_x.append(g + i)
-            map_y.append(v)
-            map_stage.append(s["name"])
-        g += max(len(eps), n_res)
-        bounds.append(g)
-    util = {s["name"]: s["telemetry"] for s in stages}
+        throughput += [(offset + e["epoch"], e.get("images_per_s"), s["name"]) for e in eps]
+        map50 += [(offset + i, v, s["name"]) for i, v in enumerate(s["results"]["map50"])]
+        offset += max(len(eps), len(s["results"]["epoch"]))
+        bounds.append(offset)
     return {
         "phase_names": list(PHASES),
         "phases_s": phases,
-        "throughput": {"x": thr_x, "images_per_s": thr_y, "stage": thr_stage},
-        "map50": {"x": map_x, "map50": map_y, "stage": map_stage},
+        "throughput": _columns(throughput, ("x", "images_per_s", "stage")),
+        "map50": _columns(map50, ("x", "map50", "stage")),
         "stage_bounds": bounds,
-        "utilization": util,
+        "utilization": {s["name"]: s["telemetry"] for s in stages},
     }
+
+
+def _columns(points: list[tuple], names: tuple[str, ...]) -> dict:
+    return {name: [p[i] for p in points] for i, name in enumerate(names)}
 
 
 def _mpl():
@@ -181,11 +173,10 @@ def plot_utilization(data):
     n = max(len(util), 1)
     fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 * n), squeeze=False)
     for ax, (name, u) in zip(axes[:, 0], util.items()):
-        pts = [(t, c) for t, c in zip(u["t"], u["cpu"]) if t is not None and c is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label="CPU mean %")
-        for k, vals in u["gpu"].items():
-            gp = [(t, v) for t, v in zip(u["t"], vals) if t is not None and v is not None]
-            ax.plot([p[0] for p in gp], [p[1] for p in gp], label=f"GPU{k} util %")
+        lines = {"CPU mean %": u["cpu"], **{f"GPU{k} util %": v for k, v in u["gpu"].items()}}
+        for label, vals in lines.items():
+            pts = [(t, v) for t, v in zip(u["t"], vals) if t is not None and v is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label)
         ax.set_ylim(0, 105)
         ax.set_ylabel("%")
         ax.set_title(name + ("" if u["gpu"] else " (no GPU readings)"), fontsize=9)
@@ -199,9 +190,9 @@ def _by_stage(xs, ys, stages):
     out = {}
     for x, y, s in zip(xs, ys, stages):
         if y is not None:
-            out.setdefault(s, ([], []))
-            out[s][0].append(x)
-            out[s][1].append(y)
+            stage_x, stage_y = out.setdefault(s, ([], []))
+            stage_x.append(x)
+            stage_y.append(y)
     return out
 
 
@@ -232,6 +223,14 @@ def plot_map50(data):
     )
 
 
+PLOTS = {
+    "phases_png": plot_phases,
+    "utilization_png": plot_utilization,
+    "throughput_png": plot_throughput,
+    "map50_png": plot_map50,
+}
+
+
 class ScalarWriter:
     """Scalar-only TensorBoard writer on tensorboard's own EventFileWriter: the same event files
     torch.utils.tensorboard.SummaryWriter writes (it wraps the same class), without importing torch (~5 s)."""
@@ -242,8 +241,6 @@ class ScalarWriter:
         self._w = EventFileWriter(str(logdir))
 
     def add_scalar(self, tag, value, step, walltime=None):
-        import time
-
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -270,13 +267,11 @@ def write_tensorboard(data, logdir) -> Path:
             if y is not None:
                 w.add_scalar(f"throughput/images_per_s/{s}", y, x)
         for s, u in data["utilization"].items():
-            for i, c in enumerate(u["cpu"]):
-                if c is not None:
-                    w.add_scalar(f"utilization/{s}/cpu_mean_pct", c, i)
-            for k, vals in u["gpu"].items():
+            lines = {"cpu_mean_pct": u["cpu"], **{f"gpu{k}_util_pct": v for k, v in u["gpu"].items()}}
+            for name, vals in lines.items():
                 for i, v in enumerate(vals):
                     if v is not None:
-                        w.add_scalar(f"utilization/{s}/gpu{k}_util_pct", v, i)
+                        w.add_scalar(f"utilization/{s}/{name}", v, i)
     finally:
         w.close()
     return logdir
@@ -328,20 +323,9 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     data["fixed_costs"] = costs
     costs_md = fixed_costs.markdown(costs)
     paths["table_md"].write_text(
-        "# Stages\n\n"
-        + df.to_markdown(index=False, floatfmt=".4g")
-        + "\n\n"
-        + costs_md
-        + "\n"
-        + test_md
-        + "\n"
-        + diag_md
-        + "\n"
+        f"# Stages\n\n{df.to_markdown(index=False, floatfmt='.4g')}\n\n{costs_md}\n{test_md}\n{diag_md}\n"
     )
-    imgs = "".join(
-        f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">'
-        for k in ("phases_png", "utilization_png", "throughput_png", "map50_png")
-    )
+    imgs = "".join(f'<h3>{k[:-4]}</h3><img src="{FILES[k]}" style="max-width:100%">' for k in PLOTS)
     diag_html = "".join(
         f"<h3>{s['name']}</h3><p>{(s['diagnosis'] or {}).get('verdict', 'no diagnosis')}</p><ul>"
         + "".join(
@@ -356,17 +340,13 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     paths["table_html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>stagedyolo stages</title></head><body>"
         f"<h2>Stages</h2>{df.to_html(index=False, na_rep='n/a', float_format=lambda v: f'{v:.4g}')}"
-        f"{_costs_html(costs_md)}{_test_html(test)}<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n"
+        f"<pre>{html.escape(costs_md)}</pre>{_test_html(test)}"
+        f"<h2>Diagnoses</h2>{diag_html}<h2>Plots</h2>{imgs}</body></html>\n"
     )
 
     plt = _mpl()
-    for key, fn in (
-        ("phases_png", plot_phases),
-        ("utilization_png", plot_utilization),
-        ("throughput_png", plot_throughput),
-        ("map50_png", plot_map50),
-    ):
-        fig = fn(data)
+    for key, plot in PLOTS.items():
+        fig = plot(data)
         fig.savefig(paths[key], dpi=100)
         plt.close(fig)
     paths["plot_data"].write_text(json.dumps(data, indent=1))
@@ -374,19 +354,11 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     return paths
 
 
-def _costs_html(costs_md: str) -> str:
-    import html
-
-    return f"<pre>{html.escape(costs_md)}</pre>"
-
-
 def _test_html(test: dict | None) -> str:
     if not test:
         return ""
     if test.get("test_split") is None:
         return f"<h2>Test split</h2><p>No test-split score: {test['reason']}.</p>"
-    import html
-
     import pandas as pd
 
     from stagedyolo.evaluate import caption, table_rows

@@ -13,7 +13,6 @@ or shared by several runs) with one folder per stage and ``run/``.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import shutil
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from stagedyolo.jsonio import read_json, write_json
 from stagedyolo.ownership import NotOwnedError, claim, owner_facts, require_owned
+from stagedyolo.telemetry.summary import finite
 
 # MLflow 3 raises on a file store unless told it is wanted; a local folder is the point here (no server, no DB).
 MLFLOW_ENV = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -77,7 +77,7 @@ def stage_epoch_metrics(stage_dir: Path) -> list[tuple[str, float, int]]:
             out += [(column, row[column], int(row["epoch"])) for column in frame.columns if column != "epoch"]
     for epoch in (read_json(stage_dir / "timing.json") or {}).get("epochs") or []:
         out += [(f"epoch/{k}", v, int(epoch["epoch"])) for k, v in epoch.items() if k != "epoch"]
-    return [(name, float(value), step) for name, value, step in out if _finite(value)]
+    return [(name, float(value), step) for name, value, step in out if finite(value) is not None]
 
 
 def stage_summary_metrics(stage_dir: Path) -> dict:
@@ -87,7 +87,7 @@ def stage_summary_metrics(stage_dir: Path) -> dict:
     summary.update({f"stage/phase_{k}_s": (v or {}).get("s") for k, v in (timing.get("phases") or {}).items()})
     summary.update({f"stage/{k}": v for k, v in (timing.get("throughput") or {}).items() if k.startswith("steady_")})
     summary["stage/data_wait_share"] = (timing.get("data_wait") or {}).get("share")
-    return {k: float(v) for k, v in summary.items() if _finite(v)}
+    return {k: float(v) for k, v in summary.items() if finite(v) is not None}
 
 
 def run_summary_metrics(test: dict | None, export: dict | None) -> dict:
@@ -100,14 +100,7 @@ def run_summary_metrics(test: dict | None, export: dict | None) -> dict:
     for fmt, check in ((export or {}).get("formats") or {}).items():
         out.update({f"export/{fmt}/{k}": check.get(k) for k in ("raw_max_box_diff_px", "raw_max_score_diff")})
         out[f"export/{fmt}/passed"] = 1.0 if check.get("passed") else 0.0
-    return {k: float(v) for k, v in out.items() if _finite(v)}
-
-
-def _finite(value) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
+    return {k: float(v) for k, v in out.items() if finite(v) is not None}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -145,8 +138,7 @@ class MLflowTracker:
 
         parent = self.parent_run(run_name)
         for old in self.client.search_runs(
-            [self.experiment_id],
-            filter_string=(f"tags.mlflow.parentRunId = '{parent}' and tags.{STAGE_TAG} = '{stage}'"),
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}' and tags.{STAGE_TAG} = '{stage}'"
         ):
             self.client.delete_run(old.info.run_id)
         run_id = self.client.create_run(

@@ -100,20 +100,13 @@ def top_candidate(timing: dict, stage: str, plan: StagePlan | None = None) -> tu
     """The first finding whose change a short window can measure: (its settings, the finding in brief, with the
     measurable changes it lists as alternatives). ``plan``: the stage's, whose defining settings are never tried."""
     findings = diagnose(timing, stage, plan=plan)
+    verdict = verdict_line(stage, findings)
     for f in findings:
         if f.get("candidate"):
-            alternatives = [c for c in (candidate_of(change) for change in f.get("also", [])) if c]
-            return dict(f["candidate"]), {
-                "code": f["code"],
-                "change": f["change"],
-                "alternatives": alternatives,
-                "verdict": verdict_line(stage, findings),
-            }
-    return None, {
-        "code": findings[0]["code"],
-        "change": findings[0]["change"],
-        "verdict": verdict_line(stage, findings),
-    }
+            alternatives = [c for c in map(candidate_of, f.get("also", [])) if c]
+            brief = {"code": f["code"], "change": f["change"], "alternatives": alternatives, "verdict": verdict}
+            return dict(f["candidate"]), brief
+    return None, {"code": findings[0]["code"], "change": findings[0]["change"], "verdict": verdict}
 
 
 def trial_plan(plan: StagePlan, trial_dir: Path, window: dict) -> StagePlan:

@@ -13,35 +13,23 @@ from stagedyolo.progress import ProgressRelay
 from stagedyolo.stage_plan import StagePlan
 from stagedyolo.telemetry import Sampler
 
+# What timing_meta copies as is: from the plan (the second set may be missing), and from the worker's outcome.
+_PLAN_KEYS = ("stage", "batch", "workers", "img", "epochs", "gpus", "val_period", "plots", "nosave", "nominal_batch")
+_OPTIONAL_PLAN_KEYS = ("img_decision", "val_img", "time_budget_s")
+_OUTCOME_KEYS = ("amp", "amp_dtype", "amp_reason", "device", "image_cache", "stopped_by", "handover_on_stall")
+_ENGINE_KEYS = ("engine_mode", "patches", "sync_every_batches", "compile")
+
 
 def timing_meta(plan: StagePlan, outcome: dict, attempts: list[dict]) -> dict:
     """What build_timing needs to know about a run besides its timer and telemetry (a stage's or a tune trial's)."""
     return {
-        "stage": plan["stage"],
-        "batch": plan["batch"],
-        "workers": plan["workers"],
-        "amp": outcome.get("amp"),
-        "amp_dtype": outcome.get("amp_dtype"),
-        "amp_reason": outcome.get("amp_reason"),
-        "img": plan["img"],
-        "img_decision": plan.get("img_decision"),
-        "val_img": plan.get("val_img"),
+        **{key: plan[key] for key in _PLAN_KEYS},
+        **{key: plan.get(key) for key in _OPTIONAL_PLAN_KEYS},
+        **{key: outcome.get(key) for key in _OUTCOME_KEYS + _ENGINE_KEYS},
         "cache": plan["cache"] or "none",
-        "device": outcome.get("device"),
-        "epochs": plan["epochs"],
-        "attempts": attempts,
         "threads": plan["torch_threads"],
-        "gpus": plan["gpus"],
-        "val_period": plan["val_period"],
-        "plots": plan["plots"],
-        "nosave": plan["nosave"],
-        "nominal_batch": plan["nominal_batch"],
-        "image_cache": outcome.get("image_cache"),
         "patience": plan.get("options", {}).get("patience"),
-        "time_budget_s": plan.get("time_budget_s"),
-        "stopped_by": outcome.get("stopped_by"),
-        "handover_on_stall": outcome.get("handover_on_stall"),
-        **{k: outcome.get(k) for k in ("engine_mode", "patches", "sync_every_batches", "compile")},
+        "attempts": attempts,
         **outcome.get("sampler", {}),
     }
 

@@ -74,6 +74,16 @@ def test_class_id_not_below_nc(ds):
     assert line == 1 and "class id 2" in reason and "nc=2" in reason
 
 
+def test_two_images_sharing_a_broken_label_file_are_both_bad(ds):
+    # yolov5 maps train_000.jpg and train_000.png to one label file: a broken line breaks both images
+    write_image(ds.parent / "images" / "train" / "train_000.png", seed=5)
+    set_label(ds, "0 0.5 abc 0.2 0.2\n")
+    r = validate_dataset(str(ds))
+    assert sorted(b["image"].rsplit("/", 1)[-1] for b in r["bad"]) == ["train_000.jpg", "train_000.png"]
+    assert r["totals"]["bad_images"] == r["splits"]["train"]["bad_images"] == 2
+    assert {p.rsplit("/", 1)[-1] for p in apply_policy(r, "skip", 0.5)} == {"train_000.jpg", "train_000.png"}
+
+
 def test_duplicate_line_is_a_warning_not_bad(ds):
     set_label(ds, "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n")
     r = validate_dataset(str(ds))

@@ -85,25 +85,19 @@ def decide_cache_mode(
     if mode != "auto":
         decision, reason = mode, f"cache mode {mode} requested explicitly"
     elif fits_ram:
-        decision, reason = (
-            "ram",
-            f"images at {max_imgsz}px need {ram_need / gib:.2f} GiB RAM <= budget {ram_budget / gib:.2f} GiB",
-        )
+        decision = "ram"
+        reason = f"images at {max_imgsz}px need {ram_need / gib:.2f} GiB RAM <= budget {ram_budget / gib:.2f} GiB"
     elif fits_disk:
-        decision, reason = (
-            "disk",
-            (
-                f"RAM needed {ram_need / gib:.2f} GiB > budget {ram_budget / gib:.2f} GiB; full-resolution .npy need "
-                f"{disk_need / gib:.2f} GiB <= free disk budget {disk_budget / gib:.2f} GiB at {cache_dir}"
-            ),
+        decision = "disk"
+        reason = (
+            f"RAM needed {ram_need / gib:.2f} GiB > budget {ram_budget / gib:.2f} GiB; full-resolution .npy need "
+            f"{disk_need / gib:.2f} GiB <= free disk budget {disk_budget / gib:.2f} GiB at {cache_dir}"
         )
     else:
-        decision, reason = (
-            "none",
-            (
-                f"neither fits: RAM {ram_need / gib:.2f} GiB > {ram_budget / gib:.2f} GiB and disk "
-                f"{disk_need / gib:.2f} GiB > {disk_budget / gib:.2f} GiB; images are decoded every epoch"
-            ),
+        decision = "none"
+        reason = (
+            f"neither fits: RAM {ram_need / gib:.2f} GiB > {ram_budget / gib:.2f} GiB and disk "
+            f"{disk_need / gib:.2f} GiB > {disk_budget / gib:.2f} GiB; images are decoded every epoch"
         )
     warning = None
     if decision == "ram" and not fits_ram:
@@ -202,7 +196,7 @@ def _write_missing_npy(images: list[str], workers: int | None) -> dict:
         else:
             counts["stale_replaced"] += state == "stale"
             todo.append(f)
-    workers = workers or max(1, min(4, len(os.sched_getaffinity(0))))
+    workers = workers or min(4, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(max_workers=workers) as pool:  # cv2 releases the GIL while decoding
         for f, ok in zip(todo, pool.map(_write_npy, todo)):
             if ok:
@@ -270,8 +264,7 @@ def cache_dataset(
     if decision["warning"]:
         log(f"WARNING: {decision['warning']}")
     if decision["mode"] == "disk":
-        decision["prebuild"] = prebuild_disk_cache(data)
-        p = decision["prebuild"]
+        p = decision["prebuild"] = prebuild_disk_cache(data)
         log(
             f"disk cache: {p['written']} written, {p['up_to_date']} up to date, {p['orphans_removed']} orphans "
             f"removed, {len(p['unreadable'])} unreadable, {p['seconds']} s"
@@ -291,25 +284,21 @@ def prebuild_ram_store(staged_data_yaml: str, decision: dict, sizes: dict[str, l
     dir's filesystem; returns {"root": working copy or None, "reason", ...build figures}. A store no stage will read
     (other sizes, or none built) is deleted: each holds every image at one size."""
     root = owned_copy(staged_data_yaml, "the image store")
-    if not sizes:
-        return {
-            "root": None,
-            "reason": "not built: cache.prebuild_ram is off (each stage's yolov5 caches itself)",
-            "removed": drop_stores(root),
-        }
     sizes = {split: sorted({trained_img(s) for s in split_sizes}) for split, split_sizes in sizes.items()}
     # The RAM estimate (train and val) is for the largest size; smaller sizes need less.
-    need = decision["ram_needed_bytes"] * max(len(split_sizes) for split_sizes in sizes.values())
-    if need > decision["disk_budget_bytes"]:
-        return {
-            "root": None,
-            "reason": f"not built: {need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache "
-            f"dir's free-disk budget; each stage's yolov5 caches itself",
-            "removed": drop_stores(root),
-        }
-    built = build_store(root, staged_images(staged_data_yaml), sizes)
-    reason = (
-        f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
-        f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s"
-    )
-    return {"root": str(root), "reason": reason, **built}
+    need = decision["ram_needed_bytes"] * max((len(split_sizes) for split_sizes in sizes.values()), default=0)
+    if not sizes:
+        why = "cache.prebuild_ram is off (each stage's yolov5 caches itself)"
+    elif need > decision["disk_budget_bytes"]:
+        why = (
+            f"{need / (1 << 30):.2f} GiB for sizes {sizes} exceed the cache dir's free-disk budget; each stage's "
+            "yolov5 caches itself"
+        )
+    else:
+        built = build_store(root, staged_images(staged_data_yaml), sizes)
+        reason = (
+            f"{built['images']} images decoded {'once' if built['decoded'] else '(already up to date)'} into "
+            f"sizes {sizes}: {built['bytes'] / (1 << 20):.1f} MiB in {built['seconds']} s"
+        )
+        return {"root": str(root), "reason": reason, **built}
+    return {"root": None, "reason": f"not built: {why}", "removed": drop_stores(root)}

@@ -33,14 +33,9 @@ INDEX = "index.json"
 BLOB = "images.u8"
 
 
-def interp_name(augment: bool, ratio: float) -> str:
-    """yolov5 load_image's choice: INTER_LINEAR when augmenting or enlarging, INTER_AREA when shrinking for val."""
-    return "linear" if (augment or ratio > 1) else "area"
-
-
 def store_path(root: str | Path, img: int, augment: bool) -> Path:
-    """The store a loader reads: the augmented (train) loader's images are resized with INTER_LINEAR, the val
-    loader's with INTER_AREA (yolov5 enlarges with INTER_LINEAR in both; the index records which was used)."""
+    """The store a loader reads, one per image size and loader kind: the augmented (train) loader's images are
+    resized with INTER_LINEAR, the val loader's with INTER_AREA (yolov5 enlarges with INTER_LINEAR in both)."""
     return Path(root) / STORE_DIR / f"{img}-{'train' if augment else 'val'}"
 
 
@@ -49,7 +44,8 @@ def resize_like_yolov5(im: np.ndarray, img: int, augment: bool) -> np.ndarray:
     r = img / max(h0, w0)
     if r == 1:
         return im
-    interp = cv2.INTER_LINEAR if interp_name(augment, r) == "linear" else cv2.INTER_AREA
+    # yolov5 load_image's choice: INTER_LINEAR when augmenting or enlarging, INTER_AREA when shrinking for val
+    interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
     return cv2.resize(im, (math.ceil(w0 * r), math.ceil(h0 * r)), interpolation=interp)
 
 
@@ -60,7 +56,8 @@ def build_store(root: str | Path, images_by_split: dict[str, list[str]], sizes: 
     "images", "decoded", "removed", "bytes", "seconds"}."""
     t0 = time.monotonic()
     with locked(root):
-        _drop_temps(Path(root))
+        for tmp in (Path(root) / STORE_DIR).glob(f"*/{TMP_PREFIX}*"):  # a killed build's blobs: no build writes them
+            tmp.unlink(missing_ok=True)
         stores, todo = {}, []
         for split, files in images_by_split.items():
             augment = split == "train"
@@ -100,12 +97,6 @@ def _drop_stores_but(root: Path, keep: set[str]) -> list[str]:
             shutil.rmtree(store)
             removed.append(store.name)
     return removed
-
-
-def _drop_temps(root: Path) -> None:
-    """Blobs a killed build left (the caller holds the lock, so no build is writing them)."""
-    for tmp in (root / STORE_DIR).glob(f"*/{TMP_PREFIX}*"):
-        tmp.unlink(missing_ok=True)
 
 
 def _write_stores(todo) -> int:
@@ -148,15 +139,7 @@ def _append_image(f: str, writers) -> None:
         if f not in w["files"]:
             continue
         out = np.ascontiguousarray(resize_like_yolov5(im, w["img"], w["augment"]))
-        w["index"][f] = [
-            w["fh"].tell(),
-            out.shape[0],
-            out.shape[1],
-            im.shape[0],
-            im.shape[1],
-            st.st_mtime_ns,
-            st.st_size,
-        ]
+        w["index"][f] = [w["fh"].tell(), *out.shape[:2], *im.shape[:2], st.st_mtime_ns, st.st_size]
         w["fh"].write(out.tobytes())
 
 

@@ -24,6 +24,7 @@ a filesystem; any link failure (another filesystem, protected_hardlinks) falls b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -84,15 +85,8 @@ def _stage(data: dict, report: dict, cache: Path, exclude: set, hardlinks: bool)
     plan, split_dirs = _plan(data, cache, exclude)
     manifest_path = cache / "manifest.json"
     old = _load_manifest(manifest_path)
-    stats = {
-        "copied": 0,
-        "linked": 0,
-        "unchanged": 0,
-        "removed": 0,
-        "npy_invalidated": 0,
-        "bytes_copied": 0,
-        "temps_removed": leftovers,
-    }
+    counters = ("copied", "linked", "unchanged", "removed", "npy_invalidated", "bytes_copied")
+    stats = {**dict.fromkeys(counters, 0), "temps_removed": leftovers}
     new_entries = {}
 
     for rel, (src, kind, _split) in plan.items():
@@ -105,8 +99,8 @@ def _stage(data: dict, report: dict, cache: Path, exclude: set, hardlinks: bool)
             new_entries[rel] = prev
             stats["unchanged"] += 1
             continue
-        if prev or dst.exists():  # a replacement: whatever YOLOv5 derived from the old file is stale now
-            stats["npy_invalidated"] += drop(dst.with_suffix(".npy")) if kind == "image" else 0
+        if kind == "image" and (prev or dst.exists()):  # a replacement: what YOLOv5 derived from it is stale now
+            stats["npy_invalidated"] += drop(dst.with_suffix(".npy"))
         entry["placed"] = _place(src, dst, link_ok)
         stats["linked" if entry["placed"] == "link" else "copied"] += 1
         stats["bytes_copied"] += st.st_size if entry["placed"] == "copy" else 0
@@ -166,11 +160,10 @@ def _plan(data: dict, cache: Path, exclude: set) -> tuple[dict, dict]:
                 if im not in seen and im not in exclude and os.path.isfile(im)  # a .txt list may name missing files
             ]
             seen.update(images)
-            root = (
-                Path(src)
-                if Path(src).is_dir()
-                else Path(os.path.commonpath([os.path.dirname(i) for i in images] or [src]))
-            )
+            if Path(src).is_dir():
+                root = Path(src)
+            else:  # an image list file: staged paths are relative to its images' common folder
+                root = Path(os.path.commonpath([os.path.dirname(i) for i in images] or [src]))
             prefix = f"{k}/" if len(sources) > 1 else ""  # several sources may hold the same relative names
             for im in images:
                 rel_img = f"{split}/images/{prefix}{Path(im).relative_to(root).as_posix()}"
@@ -209,11 +202,9 @@ def _place(src: str, dst: Path, link_ok: bool) -> str:
     tmp = temp_path(dst)
     placed = "copy"
     if link_ok:
-        try:
+        with contextlib.suppress(OSError):  # another filesystem, fs.protected_hardlinks, no link support: copy instead
             os.link(src, tmp)
             placed = "link"
-        except OSError:  # another filesystem, fs.protected_hardlinks, no link support: copy instead
-            pass
     if placed == "copy":
         shutil.copyfile(src, tmp)
         st = os.stat(src)
@@ -247,13 +238,13 @@ def _load_manifest(path: Path) -> dict:
 
 
 def _staged_data(data: dict, cache: Path, split_dirs: dict) -> dict:
-    out = {"path": str(cache)}
-    for split, d in split_dirs.items():
-        out[split] = str(cache / d / "images")
-    out["nc"] = data["nc"]
-    out["names"] = {i: n for i, n in enumerate(data["names"])}
-    out["source_data_yaml"] = data["yaml"]  # provenance; YOLOv5 ignores unknown keys
-    return out
+    return {
+        "path": str(cache),
+        **{split: str(cache / d / "images") for split, d in split_dirs.items()},
+        "nc": data["nc"],
+        "names": dict(enumerate(data["names"])),
+        "source_data_yaml": data["yaml"],  # provenance; YOLOv5 ignores unknown keys
+    }
 
 
 def _write_atomic(path: Path, text: str) -> None:

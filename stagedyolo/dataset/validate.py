@@ -13,6 +13,7 @@ pipeline hands YOLOv5 only the staged data.yaml, whose paths are absolute, so th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -68,10 +69,7 @@ def load_data_yaml(data_yaml: str) -> dict:
 
     base = Path(data.get("path") or "")
     base = base if base.is_absolute() else (yaml_path.parent / base)
-    splits = {}
-    for key in SPLITS:
-        if data.get(key):
-            splits[key] = _resolve_split(key, data[key], base, yaml_path)
+    splits = {key: _resolve_split(key, data[key], base, yaml_path) for key in SPLITS if data.get(key)}
     return {"yaml": str(yaml_path), "names": names, "nc": len(names), "splits": splits}
 
 
@@ -183,7 +181,7 @@ def check_image(path: str) -> dict:
             im.load()
     except Exception as e:  # PIL raises many types for bad files
         kind = "truncated image" if "truncat" in str(e).lower() else "undecodable image"
-        if _is_jpeg_path(path) and not ends_with_eoi(path):
+        if path.rsplit(".", 1)[-1].lower() in ("jpg", "jpeg") and not ends_with_eoi(path):
             kind = "corrupt JPEG (truncated): no end-of-image marker, and it does not decode"
         out["problem"] = f"{kind}: {e}. Fix: re-export or remove the file"
         return out
@@ -206,10 +204,6 @@ def _has_rotation(im) -> bool:
         return im.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # orientations that swap width and height
     except Exception:
         return False
-
-
-def _is_jpeg_path(path: str) -> bool:
-    return path.rsplit(".", 1)[-1].lower() in ("jpg", "jpeg")
 
 
 def ends_with_eoi(path: str) -> bool:
@@ -263,11 +257,13 @@ def _check_label_row(fields: list[str], nc: int) -> tuple[str | None, tuple | No
             f"{len(fields)} columns, expected 5: class x_center y_center width height{hint}. Fix: correct the line",
             None,
         )
-    try:
-        row = tuple(float(x) for x in fields)
-    except ValueError:
-        bad = next(x for x in fields if not _is_float(x))
-        return f"non-numeric field '{bad}'. Fix: use numbers only (class x_center y_center width height)", None
+    values = []
+    for x in fields:
+        try:
+            values.append(float(x))
+        except ValueError:
+            return f"non-numeric field '{x}'. Fix: use numbers only (class x_center y_center width height)", None
+    row = tuple(values)
     if not all(math.isfinite(v) for v in row):
         return "non-finite value (nan/inf). Fix: correct the line", None
     cls, x, y, w, h = row
@@ -281,16 +277,7 @@ def _check_label_row(fields: list[str], nc: int) -> tuple[str | None, tuple | No
     return None, row
 
 
-def _is_float(x: str) -> bool:
-    try:
-        float(x)
-        return True
-    except ValueError:
-        return False
-
-
-def _check_pair(args: tuple[str, int]) -> dict:
-    image, nc = args
+def _check_pair(image: str, nc: int) -> dict:
     label = img2label_path(image)
     result = {"image": image, "label": label, "img": check_image(image), "lbl": None}
     if os.path.isfile(label):
@@ -325,25 +312,21 @@ def validate_dataset(data_yaml: str, workers: int | None = None) -> dict:
         "names": data["names"],
         "nc": nc,
         "names_non_ascii": any(not n.isascii() for n in data["names"]),  # YOLOv5 then wants Arial.Unicode.ttf
-        "splits": {},
+        "splits": {
+            split: _summarise_split(split, data["splits"][split], images, ignored, results, data)
+            for split, (images, ignored) in listed.items()
+        },
         "bad": [],
         "warnings": [],
     }
-    for split, (images, ignored) in listed.items():
-        summary = _summarise_split(split, data["splits"][split], images, ignored, results, data)
-        report["splits"][split] = summary
-    seen_bad, seen_warn = set(), set()
+    seen = set()
     for split, summary in report["splits"].items():
-        for item in summary.pop("_bad"):
-            key = (item["file"], item["line"], item["reason"])
-            if key not in seen_bad:  # an image shared by train and val is reported once
-                seen_bad.add(key)
-                report["bad"].append(dict(item, split=split))
-        for item in summary.pop("_warnings"):
-            key = (item["file"], item["line"])
-            if key not in seen_warn:
-                seen_warn.add(key)
-                report["warnings"].append(dict(item, split=split))
+        for kind, key_fields in (("bad", ("image", "file", "line", "reason")), ("warnings", ("file", "line"))):
+            for item in summary.pop(f"_{kind}"):
+                key = (kind, *(item[f] for f in key_fields))
+                if key not in seen:  # an image shared by train and val is reported once
+                    seen.add(key)
+                    report[kind].append(dict(item, split=split))
     bad_images = {b["image"] for b in report["bad"]}
     report["totals"] = {
         "images": len(unique),
@@ -368,12 +351,12 @@ def _run_checks(images: list[str], nc: int, workers: int | None) -> list[dict]:
     # Threads, not processes: Pillow decodes without the GIL, and a process pool would fork a process that has torch
     # loaded (or, with spawn, re-run the calling Snakemake script).
     workers = workers if workers is not None else min(len(os.sched_getaffinity(0)), 8)
-    args = [(im, nc) for im in images]
+    check = functools.partial(_check_pair, nc=nc)
     with strict_pil():
         if workers <= 1 or len(images) < PARALLEL_THRESHOLD:
-            return [_check_pair(a) for a in args]
+            return list(map(check, images))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(_check_pair, args))
+            return list(pool.map(check, images))
 
 
 def _summarise_split(split, sources, images, ignored, results, data) -> dict:
@@ -489,7 +472,15 @@ def _markdown(report: dict) -> str:
             f"| {split} | {s['images']} | {s['labelled']} | {s['backgrounds']} | {s['boxes']} | {s['bad_images']} "
             f"| {z['min_w']}/{z['mean_w']}/{z['max_w']} | {z['min_h']}/{z['mean_h']}/{z['max_h']} |"
         )
-    out += _short_side_lines(report["splits"].get("train", {}).get("box_short_side"))
+    stats = report["splits"].get("train", {}).get("box_short_side")
+    if stats:
+        out += [
+            "",
+            f"Training boxes: short side {stats['p5_of_long_side']:.1%} (5th percentile) and "
+            f"{stats['median_of_long_side']:.1%} (median) of the image's long side. From "
+            f"**{stats['min_img_for_95pct_at_stride']} px** on, 95 % of them span at least {MIN_STRIDE} px, one cell "
+            "of yolov5's finest grid: a stage trained below that size shrinks more of them under it (docs/recipe.md).",
+        ]
     out += ["", "## Class histogram", "", "| class | " + " | ".join(report["splits"]) + " |"]
     out.append("|---|" + "---|" * len(report["splits"]))
     for name in report["names"]:
@@ -502,18 +493,6 @@ def _markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _short_side_lines(stats: dict | None) -> list[str]:
-    if not stats:
-        return []
-    return [
-        "",
-        f"Training boxes: short side {stats['p5_of_long_side']:.1%} (5th percentile) and "
-        f"{stats['median_of_long_side']:.1%} (median) of the image's long side. From "
-        f"**{stats['min_img_for_95pct_at_stride']} px** on, 95 % of them span at least {MIN_STRIDE} px, one cell of "
-        "yolov5's finest grid: a stage trained below that size shrinks more of them under it (docs/recipe.md).",
-    ]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # policy
 
@@ -523,7 +502,7 @@ def apply_policy(report: dict, on_bad_data: str, max_bad_fraction: float) -> set
     raises DatasetError when the policy is fail and anything is bad, or when too much is bad under any policy."""
     if on_bad_data not in ("skip", "fail"):
         raise DatasetError(f"dataset_checks.on_bad_data is '{on_bad_data}'. Fix: set it to skip or fail.")
-    bad_images = sorted({b["image"] for b in report["bad"]})
+    bad_images = {b["image"] for b in report["bad"]}
     t = report["totals"]
     if not bad_images:
         return set()
@@ -542,8 +521,7 @@ def apply_policy(report: dict, on_bad_data: str, max_bad_fraction: float) -> set
             f"{t['bad_images']} bad images and dataset_checks.on_bad_data is fail. First problems:\n{first}{more}\n"
             "Fix: repair those files, or set dataset_checks.on_bad_data: skip to train without them."
         )
-    excluded = set(bad_images)
     for split, s in report["splits"].items():
-        if s["images"] - s["bad_images"] <= 0:
+        if s["bad_images"] >= s["images"]:
             raise DatasetError(f"every image of split `{split}` is bad. Fix: repair the files listed in the report.")
-    return excluded
+    return bad_images

@@ -16,6 +16,7 @@ import os
 import sys
 import types
 import warnings
+from pathlib import Path
 
 # Modules every yolov5 process imports at module level and a stage uses only in cases it may never reach; each runs
 # on its first use instead. Seconds are cumulative import times on the 2-core demo machine (python -X importtime):
@@ -65,8 +66,7 @@ def quiet_engine_warnings() -> None:
 def sourceless_inspect() -> None:
     """Before yolov5 is imported: SOURCELESS_INSPECT_MODULE executes with an inspect.stack() that reads no source,
     and its `inspect` is then sourceless_inspect_module() (once per process)."""
-    if not any(isinstance(finder, SourcelessInspectFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, SourcelessInspectFinder((SOURCELESS_INSPECT_MODULE,)))
+    SourcelessInspectFinder.install((SOURCELESS_INSPECT_MODULE,))
 
 
 def stack_without_source(context: int = 1) -> list[inspect.FrameInfo]:
@@ -111,6 +111,12 @@ class LoaderWrappingFinder:
         spec.loader = self.wrap_loader(spec.loader)
         return spec
 
+    @classmethod
+    def install(cls, names: tuple[str, ...]) -> None:
+        """Put one for ``names`` first on sys.meta_path, unless one of this class is there already."""
+        if not any(isinstance(finder, cls) for finder in sys.meta_path):
+            sys.meta_path.insert(0, cls(names))
+
 
 class WrappedLoader:
     """A module's real loader, except for exec_module (a subclass's)."""
@@ -118,11 +124,8 @@ class WrappedLoader:
     def __init__(self, loader):
         self.loader = loader
 
-    def __getattr__(self, attribute):  # get_source, get_filename...: the real loader's
+    def __getattr__(self, attribute):  # create_module, get_source, get_filename...: the real loader's
         return getattr(self.loader, attribute)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
 
 
 class _SourcelessInspectLoader(WrappedLoader):
@@ -147,15 +150,14 @@ def torchvision_source(relative: str) -> str | None:
     spec = importlib.util.find_spec("torchvision")
     if spec is None or not spec.origin:
         return None
-    path = os.path.join(os.path.dirname(spec.origin), relative)
-    return open(path, encoding="utf-8").read() if os.path.exists(path) else None
+    path = Path(spec.origin).parent / relative
+    return path.read_text(encoding="utf-8") if path.exists() else None
 
 
 def lazy_dynamo_in_torchvision() -> None:
     """Before torchvision is imported: LAZY_DYNAMO_MODULE executes with its torch._dynamo import moved into the check
     that uses it."""
-    if not any(isinstance(finder, LazyDynamoFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, LazyDynamoFinder((LAZY_DYNAMO_MODULE,)))
+    LazyDynamoFinder.install((LAZY_DYNAMO_MODULE,))
 
 
 def compiler_left_unloaded() -> None:
@@ -233,8 +235,7 @@ class LazyDynamoFinder(LoaderWrappingFinder):
 
 def defer_imports() -> None:
     """Before yolov5 is imported: the DEFERRED_IMPORTS it imports run on their first use (once per process)."""
-    if not any(isinstance(finder, DeferredImports) for finder in sys.meta_path):
-        sys.meta_path.insert(0, DeferredImports(DEFERRED_IMPORTS))
+    DeferredImports.install(DEFERRED_IMPORTS)
 
 
 # What a module has before it executes (the import system sets all but __class__): reading these runs none of its
@@ -332,7 +333,6 @@ def atomic_torch_save() -> None:
             plain_save(obj, handle, *args, **kwargs)
 
     atomic_save._stagedyolo_atomic = True
-    atomic_save.plain_save = plain_save
     torch.save = atomic_save
 
 
@@ -357,14 +357,10 @@ def record_ap_per_class() -> None:
 def install_onnx_export() -> None:
     """yolov5's export_onnx calls torch.onnx.export(...) without `dynamo`; torch >= 2.9 then takes the dynamo
     exporter, which needs onnxscript and fails inside yolov5's try_export. The TorchScript-based exporter is the one
-    yolov5 7.0 was written and tested for, so the export job asks for it."""
-    import functools
-    import inspect
-
+    yolov5 7.0 was written and tested for, so the export job asks for it (the row's guard: a torch >= 2.5, whose
+    export has `dynamo`)."""
     import torch
 
-    if "dynamo" not in inspect.signature(torch.onnx.export).parameters:  # torch < 2.5: TorchScript-based only
-        return
     if getattr(torch.onnx.export, "_stagedyolo_legacy", False):
         return
     export = functools.partial(torch.onnx.export, dynamo=False)

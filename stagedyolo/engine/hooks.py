@@ -4,8 +4,8 @@ editing train.py. Each is an object whose method names match yolov5 hook names."
 from __future__ import annotations
 
 import math
-import os
 import sys
+import time
 
 NONFINITE_LOSS_HELP = (
     "The training loss became {value} at iteration {ni} (epoch {epoch}) and the stage was stopped.\n"
@@ -131,10 +131,9 @@ class NonFiniteLossGuard:
         self.epoch, self.batches = epoch + 1, 0
 
     def _found_nonfinite(self, ni, mloss) -> bool:
-        values = [float(v) for v in mloss]
-        if all(math.isfinite(v) for v in values):
+        bad = next((value for value in map(float, mloss) if not math.isfinite(value)), None)
+        if bad is None:
             return False
-        bad = next(v for v in values if not math.isfinite(v))
         self.message = NONFINITE_LOSS_HELP.format(
             value=bad, ni=ni, epoch=self.epoch, stage=self.stage, lr0=self.lr0, lower_lr0=self.lr0 / 10
         )
@@ -159,11 +158,6 @@ class FaultInjection:
         self.kind, _, self.arg = spec.partition("@")
         self.attempt = attempt
 
-    @classmethod
-    def from_env(cls, attempt: int):
-        spec = os.environ.get(cls.ENV)
-        return cls(spec, attempt) if spec else None
-
     def on_train_batch_start(self):
         if self.kind == "oom" and self.arg == f"attempt{self.attempt}":
             import torch
@@ -182,8 +176,6 @@ class FaultInjection:
 
     def on_train_end(self, last, best, epoch, results):
         if self.kind == "stall" and self.arg == "train_end":
-            import time
-
             print("stagedyolo test fault: stalling after training", flush=True)
             time.sleep(3600)
 
@@ -195,6 +187,4 @@ class FaultInjection:
                 for parameter in model.parameters():
                     parameter.fill_(float("nan"))
         elif self.kind == "sleep":
-            import time
-
             time.sleep(float(self.arg))

@@ -131,35 +131,31 @@ def _ddp_timeout_configured(ctx) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- source rows
-def _source_edit(old: str, new: str, name: str, value: Callable[[EngineContext], int]):
+def _source_edit(names: Callable[[EngineContext], dict], *edits: tuple[str, str]):
+    """A source row's apply: train.py's (old, new) ``edits``, and ``names(ctx)``, the names they read, defined in it."""
+
     def apply(ctx: EngineContext) -> None:
-        ctx.source_edits.append((old, new))
-        ctx.module_names[name] = int(value(ctx))
+        ctx.source_edits.extend(edits)
+        ctx.module_names.update(names(ctx))
 
     return apply
 
 
 NOMINAL_BATCH_EDIT = _source_edit(
-    "nbs = 64  # nominal batch size",
-    "nbs = _STAGEDYOLO_NOMINAL_BATCH  # nominal batch size (stagedyolo: per stage)",
-    "_STAGEDYOLO_NOMINAL_BATCH",
-    lambda ctx: ctx.plan["nominal_batch"],
+    lambda ctx: {"_STAGEDYOLO_NOMINAL_BATCH": int(ctx.plan["nominal_batch"])},
+    ("nbs = 64  # nominal batch size", "nbs = _STAGEDYOLO_NOMINAL_BATCH  # nominal batch size (stagedyolo: per stage)"),
 )
 WARMUP_FLOOR_EDIT = _source_edit(
-    "nw = max(round(hyp['warmup_epochs'] * nb), 100)",
-    "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)",
-    "_STAGEDYOLO_MIN_WARMUP_ITERS",
-    lambda ctx: ctx.plan["min_warmup_iters"],
+    lambda ctx: {"_STAGEDYOLO_MIN_WARMUP_ITERS": int(ctx.plan["min_warmup_iters"])},
+    (
+        "nw = max(round(hyp['warmup_epochs'] * nb), 100)",
+        "nw = max(round(hyp['warmup_epochs'] * nb), _STAGEDYOLO_MIN_WARMUP_ITERS)",
+    ),
 )
-AUTOCAST_OLD, AUTOCAST_NEW = (
-    "with torch.cuda.amp.autocast(amp):",
-    "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):",
+_AUTOCAST_BF16_EDIT = _source_edit(
+    lambda ctx: {"_STAGEDYOLO_AUTOCAST_DTYPE": ctx.torch.bfloat16},
+    ("with torch.cuda.amp.autocast(amp):", "with torch.cuda.amp.autocast(amp, dtype=_STAGEDYOLO_AUTOCAST_DTYPE):"),
 )
-
-
-def _autocast_bf16(ctx: EngineContext) -> None:
-    ctx.source_edits.append((AUTOCAST_OLD, AUTOCAST_NEW))
-    ctx.module_names["_STAGEDYOLO_AUTOCAST_DTYPE"] = ctx.torch.bfloat16
 
 
 def _bf16_requested(ctx: EngineContext) -> str | None:
@@ -167,27 +163,29 @@ def _bf16_requested(ctx: EngineContext) -> str | None:
 
 
 _LOG_EVERY_EDIT = _source_edit(
-    "                pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
-    "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: "
-    "pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
-    "_STAGEDYOLO_LOG_EVERY",
-    lambda ctx: LOG_EVERY,
+    lambda ctx: {"_STAGEDYOLO_LOG_EVERY": LOG_EVERY},
+    (
+        "                pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
+        "                if i % _STAGEDYOLO_LOG_EVERY == 0 or i == nb - 1: "
+        "pbar.set_description(('%11s' * 2 + '%11.4g' * 5) %",
+    ),
 )
+
+
+def _sync_every_batches(ctx: EngineContext) -> None:
+    _LOG_EVERY_EDIT(ctx)
+    ctx.log_every = LOG_EVERY  # the NaN guard reads the loss on the same batches (see _nonfinite_guard)
 
 
 # After the loop, train.py validates best.pt again (loading it first); `results` then keeps the final epoch's own.
-FINAL_VALIDATION_EDIT = (
-    "                if f is best:\n                    LOGGER.info(f'\\nValidating {f}...')",
-    "                if f is best and not _STAGEDYOLO_SKIP_FINAL_VALIDATION:\n"
-    "                    LOGGER.info(f'\\nValidating {f}...')",
+_FINAL_VALIDATION_EDIT = _source_edit(
+    lambda ctx: {"_STAGEDYOLO_SKIP_FINAL_VALIDATION": True},
+    (
+        "                if f is best:\n                    LOGGER.info(f'\\nValidating {f}...')",
+        "                if f is best and not _STAGEDYOLO_SKIP_FINAL_VALIDATION:\n"
+        "                    LOGGER.info(f'\\nValidating {f}...')",
+    ),
 )
-
-
-def _final_validation_off(ctx: EngineContext) -> None:
-    ctx.source_edits.append(FINAL_VALIDATION_EDIT)
-    ctx.module_names["_STAGEDYOLO_SKIP_FINAL_VALIDATION"] = True
-
-
 VAL_IMG_EDITS = (
     (
         "val_loader = create_dataloader(val_path,\n                                       imgsz,",
@@ -195,13 +193,9 @@ VAL_IMG_EDITS = (
     ),
     ("f'Image sizes {imgsz} train, {imgsz} val\\n'", "f'Image sizes {imgsz} train, {_STAGEDYOLO_VAL_IMGSZ} val\\n'"),
 )
-
-
-def _val_img(ctx: EngineContext) -> None:
-    ctx.source_edits.extend(VAL_IMG_EDITS)
-    ctx.module_names["_STAGEDYOLO_VAL_IMGSZ"] = trained_img(ctx.plan.get("val_img") or ctx.plan["img"])
-
-
+_VAL_IMG_EDIT = _source_edit(
+    lambda ctx: {"_STAGEDYOLO_VAL_IMGSZ": trained_img(ctx.plan.get("val_img") or ctx.plan["img"])}, *VAL_IMG_EDITS
+)
 CONTINUATION_EDITS = (
     (
         "        del ckpt, csd",
@@ -222,12 +216,13 @@ CONTINUATION_EDITS = (
         "                    'val_img': val_loader.dataset.img_size,",
     ),
 )
-
-
-def _continuation(ctx: EngineContext) -> None:
-    ctx.source_edits.extend(CONTINUATION_EDITS)
-    ctx.module_names["_STAGEDYOLO_CONTINUATION"] = ctx.continuation
-    ctx.module_names["_STAGEDYOLO_EPOCHS_BEFORE"] = int(ctx.plan.get("recipe_epochs_before") or 0)
+_CONTINUATION_EDIT = _source_edit(
+    lambda ctx: {
+        "_STAGEDYOLO_CONTINUATION": ctx.continuation,
+        "_STAGEDYOLO_EPOCHS_BEFORE": int(ctx.plan.get("recipe_epochs_before") or 0),
+    },
+    *CONTINUATION_EDITS,
+)
 
 
 def _handover_checkpoint(ctx: EngineContext) -> None:
@@ -236,11 +231,6 @@ def _handover_checkpoint(ctx: EngineContext) -> None:
 
 def _continuation_set(ctx: EngineContext) -> str | None:
     return None if ctx.continuation else "no continuation (a process that is not a stage's worker)"
-
-
-def _sync_every_batches(ctx: EngineContext) -> None:
-    _LOG_EVERY_EDIT(ctx)
-    ctx.log_every = LOG_EVERY  # the NaN guard reads the loss on the same batches (see _nonfinite_guard)
 
 
 # --------------------------------------------------------------------------------------------- module rows
@@ -288,9 +278,8 @@ def _onnx_has_dynamo(ctx: EngineContext) -> str | None:
 
     import torch
 
-    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        return None
-    return "torch < 2.5 has only the TorchScript-based exporter"
+    dynamo = "dynamo" in inspect.signature(torch.onnx.export).parameters
+    return None if dynamo else "torch < 2.5 has only the TorchScript-based exporter"
 
 
 def _nonfinite_guard(ctx: EngineContext) -> None:
@@ -299,7 +288,7 @@ def _nonfinite_guard(ctx: EngineContext) -> None:
 
 
 def _fault_injection(ctx: EngineContext) -> None:
-    register(FaultInjection.from_env(ctx.plan["attempt"]), ctx.callbacks)
+    register(FaultInjection(os.environ[FaultInjection.ENV], ctx.plan["attempt"]), ctx.callbacks)
 
 
 def _fault_requested(ctx) -> str | None:
@@ -365,9 +354,7 @@ def _fused_optimizer(ctx: EngineContext) -> None:
 
 def _fused_supported(ctx: EngineContext) -> str | None:
     optimizer = ctx.plan.get("optimizer", "SGD")
-    if optimizer not in ("SGD", "Adam", "AdamW"):
-        return f"torch has no fused {optimizer}"
-    return None
+    return None if optimizer in ("SGD", "Adam", "AdamW") else f"torch has no fused {optimizer}"
 
 
 def foreach_model_ema(model_ema_class, torch):
@@ -522,7 +509,7 @@ PATCHES: tuple[Patch, ...] = (
         "demo, stages trained at 128 px validated at 160: mAP50 0.774 vs 0.753 at 128 (frozen), 0.986 vs 0.988 "
         "(finetune); the demo reaches mAP50 0.5 at 160 px in its frozen stage instead of its last "
         "(benchmarks/results/naive_vs_staged.md)",
-        _val_img,
+        _VAL_IMG_EDIT,
         phase="source",
     ),
     Patch(
@@ -536,7 +523,7 @@ PATCHES: tuple[Patch, ...] = (
         "demo: the stages end at mAP50 0.9939 with the schedule on the stage's own lrf, 0.9911 one epoch behind "
         "(frozen 0.813 vs 0.774, finetune 0.994 vs 0.986); the recipe against one run: "
         "benchmarks/results/naive_vs_staged_demo.md",
-        _continuation,
+        _CONTINUATION_EDIT,
         _continuation_set,
         phase="source",
     ),
@@ -546,7 +533,7 @@ PATCHES: tuple[Patch, ...] = (
         "yolov5 autocasts to fp16 only; bfloat16 has fp32's range, so no overflow and no loss scaling to tune",
         "amp: bf16 on a GPU that supports it (stagedyolo.engine.amp)",
         "GPU: open (no GPU here)",
-        _autocast_bf16,
+        _AUTOCAST_BF16_EDIT,
         _bf16_requested,
         phase="source",
     ),
@@ -570,7 +557,7 @@ PATCHES: tuple[Patch, ...] = (
         "fast mode (reproducible mode validates best.pt again, as yolov5)",
         "demo (2-core CPU): 0.7-0.8 s per stage that saves best.pt (val phase minus the epochs' own validations, "
         "timing.json); on a GPU one pass over the val set per stage",
-        _final_validation_off,
+        _FINAL_VALIDATION_EDIT,
         fast_only=True,
         phase="source",
     ),

@@ -57,38 +57,32 @@ def stage_gpu_env(
     if gpus == 0:
         return {}
     visible = visible_gpus(env)
+    scheduler_set = f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}"
     indices = explicit_gpu_indices(device)
-    if indices is not None:
-        chosen = _named_gpus(indices, visible, gpus, env, stage, device)
-    elif visible is None:
-        chosen = [str(index) for index in range(gpus)]
-    elif len(visible) < gpus:
-        raise LaunchError(
-            f"stages.{stage}.gpus is {gpus} but CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} leaves "
-            f"{len(visible)} visible: request {gpus} GPUs from the scheduler (Snakemake: resources gpu={gpus})"
-        )
-    else:
-        chosen = visible[:gpus]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), STAGE_DEVICES_ENV: ",".join(chosen)}
-
-
-def _named_gpus(
-    indices: list[int], visible: list[str] | None, gpus: int, env: Mapping[str, str], stage: str, device: str | None
-) -> list[str]:
-    if len(indices) < gpus:
+    if indices is None:
+        if visible is not None and len(visible) < gpus:
+            raise LaunchError(
+                f"stages.{stage}.gpus is {gpus} but {scheduler_set} leaves {len(visible)} visible: request {gpus} "
+                f"GPUs from the scheduler (Snakemake: resources gpu={gpus})"
+            )
+        indices = list(range(gpus))
+    elif len(indices) < gpus:
         raise LaunchError(
             f"stages.{stage}.device {device!r} names {len(indices)} GPU(s) but gpus is {gpus}: name "
             f"{gpus} indices, or use device: cuda for the first {gpus} visible ones"
         )
+    indices = indices[:gpus]
     if visible is None:  # nothing hidden: the indices are CUDA's own
-        return [str(index) for index in indices[:gpus]]
-    missing = [index for index in indices[:gpus] if index >= len(visible)]
-    if missing:
-        raise LaunchError(
-            f"stages.{stage}.device {device!r}: GPU index {missing[0]} is not among the {len(visible)} that "
-            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} leaves visible (indices count the visible GPUs)"
-        )
-    return [visible[index] for index in indices[:gpus]]
+        chosen = [str(index) for index in indices]
+    else:
+        missing = [index for index in indices if index >= len(visible)]
+        if missing:
+            raise LaunchError(
+                f"stages.{stage}.device {device!r}: GPU index {missing[0]} is not among the {len(visible)} that "
+                f"{scheduler_set} leaves visible (indices count the visible GPUs)"
+            )
+        chosen = [visible[index] for index in indices]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), STAGE_DEVICES_ENV: ",".join(chosen)}
 
 
 def thread_budget(env: Mapping[str, str]) -> int:
@@ -163,20 +157,16 @@ def build_stage_command(
     if gpus <= 1 and nodes == 1:
         return [python, *worker_args], child_env
 
-    _add_ddp_settings(child_env, ddp_timeout_s, rank_shutdown_s)
-    if nodes == 1:
-        return _torchrun_argv(python, worker_args, gpus, f"127.0.0.1:{0 if port is None else port}"), child_env
-    layout = slurm_layout(nodes, scheduler_env, stage, port)
-    agent = _torchrun_argv(python, worker_args, gpus, layout.endpoint, layout)
-    return [*srun_command(layout, thread_budget(scheduler_env)), *agent], srun_environment(child_env)
-
-
-def _add_ddp_settings(child_env: dict[str, str], ddp_timeout_s: int, rank_shutdown_s: int) -> None:
     child_env[DDP_TIMEOUT_ENV] = str(int(ddp_timeout_s))
     # 1 = a collective that times out or fails tears the rank down instead of leaving it hung (NCCL).
     child_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # An environment variable rather than --shutdown-timeout: older torchrun versions reject the flag.
     child_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(rank_shutdown_s))
+    if nodes == 1:
+        return _torchrun_argv(python, worker_args, gpus, f"127.0.0.1:{0 if port is None else port}"), child_env
+    layout = slurm_layout(nodes, scheduler_env, stage, port)
+    agent = _torchrun_argv(python, worker_args, gpus, layout.endpoint, layout)
+    return [*srun_command(layout, thread_budget(scheduler_env)), *agent], srun_environment(child_env)
 
 
 def _torchrun_argv(

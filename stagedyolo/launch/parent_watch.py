@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -10,6 +11,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+
+import psutil
+
+from .process_tree import is_running
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -44,11 +49,11 @@ def exit_when_parent_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threadin
     PR_SET_PDEATHSIG here, because torchrun may start ranks from a thread that ends before they do.
     """
     parent_pid = os.getppid()
-    watcher = threading.Thread(
-        target=_watch_parent, args=(parent_pid, poll_s, grace_s), name="exit-when-parent-dies", daemon=True
-    )
-    watcher.start()
-    return watcher
+
+    def alive() -> bool:  # a parent pid of 1 means we were orphaned before the watch started
+        return parent_pid != 1 and os.getppid() == parent_pid
+
+    return _start_watch("exit-when-parent-dies", f"parent process {parent_pid}", alive, poll_s, grace_s)
 
 
 def exit_when_job_starter_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threading.Thread:
@@ -61,20 +66,9 @@ def exit_when_job_starter_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> thr
     start time, so a reused pid does not pass for it. The ending is exit_when_parent_dies': SIGTERM to this process
     and its children (a supervisor forwards it to its worker's group), SIGKILL to what is left after ``grace_s``.
     """
-    import psutil
-
-    from .process_tree import is_running
-
     starters = _job_starters(psutil.Process(), os.path.basename(sys.argv[0]))
     label = " and ".join(f"process {starter.pid}" for starter in starters) + " (what started this job)"
-    watcher = threading.Thread(
-        target=_watch,
-        args=(label, lambda: all(is_running(p) for p in starters), poll_s, grace_s),
-        name="exit-when-job-starter-dies",
-        daemon=True,
-    )
-    watcher.start()
-    return watcher
+    return _start_watch("exit-when-job-starter-dies", label, lambda: all(map(is_running, starters)), poll_s, grace_s)
 
 
 def _job_starters(process, script: str) -> list:
@@ -93,9 +87,10 @@ def _job_starters(process, script: str) -> list:
     return starters
 
 
-def _watch_parent(parent_pid: int, poll_s: float, grace_s: float) -> None:
-    # A parent pid of 1 means we were orphaned before the watch started.
-    _watch(f"parent process {parent_pid}", lambda: parent_pid != 1 and os.getppid() == parent_pid, poll_s, grace_s)
+def _start_watch(name: str, label: str, alive: Callable[[], bool], poll_s: float, grace_s: float) -> threading.Thread:
+    watcher = threading.Thread(target=_watch, args=(label, alive, poll_s, grace_s), name=name, daemon=True)
+    watcher.start()
+    return watcher
 
 
 def _watch(label: str, alive: Callable[[], bool], poll_s: float, grace_s: float) -> None:
@@ -113,11 +108,7 @@ def _signal_own_processes(sig: int) -> None:
         # We lead our group: it holds our dataloader workers and nothing of the caller's.
         os.killpg(own_pid, sig)
         return
-    import psutil  # only needed on this path
-
     for child in psutil.Process().children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
     os.kill(own_pid, sig)

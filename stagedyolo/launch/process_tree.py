@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -84,12 +85,13 @@ class ProcessTree:
         known = list(self._known.values())  # a signal handler may add entries meanwhile
         return [process for process in known if is_running(process)]
 
-    def signal_all(self, sig: int) -> None:
-        for process in self.alive():
-            try:
+    def signal_all(self, sig: int) -> list[psutil.Process]:
+        """Send ``sig`` to every remembered process still running; return those."""
+        running = self.alive()
+        for process in running:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 process.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
+        return running
 
     def end_all(self, deadline: float, poll_s: float = 0.1) -> list[int]:
         """SIGTERM everything left, SIGKILL what still runs at ``deadline`` (time.monotonic()); return those PIDs."""
@@ -103,12 +105,7 @@ class ProcessTree:
     def kill_all(self) -> list[int]:
         """SIGKILL every remembered process still running; return their PIDs."""
         self.sweep()
-        survivors = self.alive()
-        for process in survivors:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
+        survivors = self.signal_all(signal.SIGKILL)
         give_up_at = time.monotonic() + _AFTER_KILL_WAIT_S
         while self.alive() and time.monotonic() < give_up_at:
             time.sleep(0.05)
@@ -117,8 +114,7 @@ class ProcessTree:
     def _remember(self, process: psutil.Process) -> None:
         if process.pid == self._protected_pid:
             return
-        known = self._known.get(process.pid)
-        if known is not None and known == process:  # same pid and same start time
+        if self._known.get(process.pid) == process:  # same pid and same start time
             return
         try:
             group = os.getpgid(process.pid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -55,10 +56,8 @@ class _StopRequests:
     def _forward(self, signum: int) -> None:
         if self.child_pid is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child_pid, signum)  # the child leads its own group (start_new_session)
-        except ProcessLookupError:
-            pass
 
 
 def supervise(
@@ -153,10 +152,7 @@ def _wait_for_child(
 def _install_handlers(stop: _StopRequests) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {}
-    for sig in FORWARDED_SIGNALS:
-        previous[sig] = signal.signal(sig, stop.on_signal)
-    return previous
+    return {sig: signal.signal(sig, stop.on_signal) for sig in FORWARDED_SIGNALS}
 
 
 def _restore_handlers(previous: dict[int, Any]) -> None:

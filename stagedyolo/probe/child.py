@@ -293,17 +293,6 @@ def measure_model_run(
     return {**run, **measured}
 
 
-def measure_loader_run(
-    create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float, deadline: float | None
-) -> dict:
-    import torch
-
-    torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
-    measured = measure_loader(create_dataloader, request, run["workers"], stride, ample_images_per_s, deadline)
-    print(f"probe: loader workers={run['workers']}: {measured['images_per_s']} images/s", flush=True)
-    return {**run, **measured}
-
-
 def _torch_device(device: str) -> str:
     """The first CUDA device of a yolov5 device string ('' = the first one, '0,1' = several: measure on one)."""
     return "cuda:" + (resolve_device(device, True).split(",")[0] or "0")
@@ -357,38 +346,27 @@ class StepEngines:
         pieces.init_seeds(0, deterministic=True)  # as train.py calls it; a fast engine's row makes it nondeterministic
         model.to(memory_format=torch.contiguous_format)
         pieces.check_amp(model)  # where train.py lets the rows change the built model (channels_last)
+        hyp = self.request["hyp"]
         return {
-            "optimizer": _optimizer(pieces.smart_optimizer, model, self.request),
+            "optimizer": pieces.smart_optimizer(
+                model, self.request["optimizer"], hyp["lr0"], hyp["momentum"], hyp["weight_decay"]
+            ),
             "ema_class": pieces.ModelEMA,
             "rows": [row["name"] for row in report if row["applied"]],
         }
 
 
-def measure_loader(
-    create_dataloader,
-    request: dict,
-    workers: int,
-    stride: int,
-    ample_images_per_s: float = 0,
-    deadline: float | None = None,
+def measure_loader_run(
+    create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float, deadline: float | None
 ) -> dict:
     """Steady images/s from yolov5's own training dataloader (augment, mosaic, cache as the stage will have them).
     Warm-up: worker start-up and the batches the workers queued meanwhile (PREFETCH_PER_WORKER each, which arrive
     at once). The run may end early once the loader clearly outpaces the model (LOADER_AMPLE_FACTOR)."""
-    loader, _dataset = create_dataloader(
-        request["data_list"],
-        request["img"],
-        request["loader_batch"],
-        stride,
-        hyp=request["hyp"],
-        augment=True,
-        cache=request["cache"],
-        rect=False,
-        rank=-1,
-        workers=workers,
-        shuffle=True,
-        prefix="probe: ",
-        seed=0,
+    import torch
+
+    torch.set_num_threads(run["torch_threads"])  # with 0 workers the main process does the loading
+    loader = _training_loader(
+        create_dataloader, request, request["img"], request["loader_batch"], stride, run["workers"], request["hyp"]
     )
     batches = _endless(loader)
     measured = time_steady(
@@ -404,7 +382,8 @@ def measure_loader(
     _stop_workers(loader)  # idle workers would otherwise keep cores and memory during the next measurement
     del batches, loader
     gc.collect()
-    return {"workers_effective": effective, "batch": request["loader_batch"], **measured}
+    print(f"probe: loader workers={run['workers']}: {measured['images_per_s']} images/s", flush=True)
+    return {**run, "workers_effective": effective, "batch": request["loader_batch"], **measured}
 
 
 def measure_model(
@@ -493,20 +472,8 @@ def measure_stage_run(
     _freeze(model, group["freeze"])
     engine = engines.prepare(model, group["engine"])
     optimizer = engine["optimizer"]
-    loader, _dataset = create_dataloader(
-        request["data_list"],
-        group["img"],
-        group["batch"],
-        stride,
-        hyp=group["hyp"],
-        augment=True,
-        cache=request["cache"],
-        rect=False,
-        rank=-1,
-        workers=group["workers"],
-        shuffle=True,
-        prefix="probe: ",
-        seed=0,
+    loader = _training_loader(
+        create_dataloader, request, group["img"], group["batch"], stride, group["workers"], group["hyp"]
     )
     batches = _endless(loader)
     cuda = device.type == "cuda"
@@ -560,11 +527,6 @@ def _freeze(model, layers: int) -> None:
         parameter.requires_grad = not any(prefix in name for prefix in frozen)
 
 
-def _optimizer(smart_optimizer, model, request: dict):
-    hyp = request["hyp"]
-    return smart_optimizer(model, request["optimizer"], hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-
-
 def synthetic_targets(batch: int, nc: int, generator):
     """yolov5 targets rows (image index, class, x, y, w, h), normalised, a few objects per image."""
     import torch
@@ -575,6 +537,26 @@ def synthetic_targets(batch: int, nc: int, generator):
     sizes = 0.05 + 0.3 * torch.rand(count, 2, generator=generator)
     centres = sizes / 2 + (1 - sizes) * torch.rand(count, 2, generator=generator)
     return torch.cat([image_index[:, None], classes[:, None], centres, sizes], dim=1)
+
+
+def _training_loader(create_dataloader, request: dict, img: int, batch: int, stride: int, workers: int, hyp: dict):
+    """yolov5's training dataloader over the probe's subset, with the augmentation and cache a stage has."""
+    loader, _dataset = create_dataloader(
+        request["data_list"],
+        img,
+        batch,
+        stride,
+        hyp=hyp,
+        augment=True,
+        cache=request["cache"],
+        rect=False,
+        rank=-1,
+        workers=workers,
+        shuffle=True,
+        prefix="probe: ",
+        seed=0,
+    )
+    return loader
 
 
 def _endless(loader):

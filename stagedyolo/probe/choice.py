@@ -37,12 +37,12 @@ def combine(
     On CPU (`shares_cpu`) each worker count is paired with the model run at the torch threads it would really get;
     on CUDA the GPU computes, so any thread count of that (batch, amp) serves.
     """
-    candidates = []
-    for loader in loader_runs:
-        for model in model_runs:
-            if shares_cpu and model["torch_threads"] != loader["torch_threads"]:
-                continue
-            candidates.append(_candidate(loader, model, cores, shares_cpu, memory_limit_bytes))
+    candidates = [
+        _candidate(loader, model, cores, shares_cpu, memory_limit_bytes)
+        for loader in loader_runs
+        for model in model_runs
+        if not shares_cpu or model["torch_threads"] == loader["torch_threads"]
+    ]
     if not shares_cpu:  # one model run per (batch, amp) was measured; keep one candidate per key all the same
         candidates = list({(c["workers"], c["batch"], c["amp"]): c for c in candidates}.values())
     return candidates
@@ -50,17 +50,16 @@ def combine(
 
 def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_limit_bytes: int | None) -> dict:
     threads = loader["torch_threads"]
-    usable, why_not = True, None
+    peak = model.get("peak_memory_bytes")
+    why_not = None
     if "skipped" in (loader.get("status"), model.get("status")):
-        usable, why_not = False, (model if model.get("status") == "skipped" else loader)["message"]
+        why_not = (model if model.get("status") == "skipped" else loader)["message"]
     elif model.get("status", "ok") != "ok":
-        usable, why_not = False, f"model run failed: {model.get('status')} {model.get('message') or ''}".strip()
-    elif memory_limit_bytes is not None:
-        peak = model.get("peak_memory_bytes")
-        if peak is None:
-            usable, why_not = False, "peak memory not measured on CUDA"
-        elif peak > memory_limit_bytes:
-            usable, why_not = False, f"peak memory {peak} B > limit {memory_limit_bytes} B"
+        why_not = f"model run failed: {model.get('status')} {model.get('message') or ''}".strip()
+    elif memory_limit_bytes is not None and peak is None:
+        why_not = "peak memory not measured on CUDA"
+    elif memory_limit_bytes is not None and peak > memory_limit_bytes:
+        why_not = f"peak memory {peak} B > limit {memory_limit_bytes} B"
     prediction, bound = predicted_images_per_s(
         loader["workers"],
         loader.get("images_per_s") or 0.0,
@@ -78,9 +77,9 @@ def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_l
         "model_images_per_s": model.get("images_per_s"),
         "predicted_images_per_s": round(prediction, 3),
         "bound": bound,
-        "peak_memory_bytes": model.get("peak_memory_bytes"),
+        "peak_memory_bytes": peak,
         "peak_memory_reason": model.get("peak_memory_reason"),
-        "usable": usable,
+        "usable": why_not is None,
         "excluded_because": why_not,
     }
 

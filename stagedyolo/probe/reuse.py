@@ -44,6 +44,13 @@ def reuse_key(request: dict, weights: list[str]) -> str:
 
 
 def machine_identity() -> dict:
+    """The machine, with its GPUs as the driver lists them (model, memory) and whether CUDA is usable now: a probe
+    taken while it was not (a driver update waiting for a reboot, a GPU being reset) measured on the CPU, and its
+    `amp: false` must not reach the GPU stages of a later run. torch is imported (seconds) only where the driver
+    lists a GPU; without one CUDA cannot be usable (NVML is NVIDIA's: a ROCm build's GPUs are not told apart here)."""
+    gpus = [
+        {"name": gpu["name"], "total_memory_bytes": gpu["total_memory_bytes"]} for gpu in nvml_facts()["gpus"] or []
+    ]
     return {
         "host": platform.node(),
         "cpu": _cpu_model(),
@@ -51,19 +58,9 @@ def machine_identity() -> dict:
         "torch": package_version("torch"),
         "yolov5": package_version("yolov5"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        **gpu_identity(),
+        "gpus": gpus,
+        "cuda_usable": _cuda_usable() if gpus else False,
     }
-
-
-def gpu_identity() -> dict:
-    """The GPUs as the driver lists them (model, memory) and whether CUDA is usable now: a probe taken while it was
-    not (a driver update waiting for a reboot, a GPU being reset) measured on the CPU, and its `amp: false` must
-    not reach the GPU stages of a later run. torch is imported (seconds) only where the driver lists a GPU; without
-    one CUDA cannot be usable (NVML is NVIDIA's: a ROCm build's GPUs are not told apart here)."""
-    gpus = [
-        {"name": gpu["name"], "total_memory_bytes": gpu["total_memory_bytes"]} for gpu in nvml_facts()["gpus"] or []
-    ]
-    return {"gpus": gpus, "cuda_usable": _cuda_usable() if gpus else False}
 
 
 def _cuda_usable() -> bool:
@@ -73,16 +70,10 @@ def _cuda_usable() -> bool:
 
 
 def read_reusable(reuse_dir: str | Path, key: str) -> dict | None:
-    path = Path(reuse_dir) / f"{key}.json"
     try:
-        return read_json(path)
+        return read_json(Path(reuse_dir) / f"{key}.json")
     except (OSError, ValueError):
         return None
-
-
-def write_reusable(reuse_dir: str | Path, key: str, tuning: dict) -> None:
-    Path(reuse_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(reuse_dir) / f"{key}.json", tuning)
 
 
 def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple, log_path: str) -> dict:
@@ -93,7 +84,8 @@ def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple
     reason = busy_machine(load)
     if reason is None:
         try:
-            write_reusable(reuse_dir, key, tuning)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, tuning)
             return {"kept": True, "file": str(path)}
         except OSError as error:
             reason = f"writing {path} failed ({type(error).__name__}: {error})"

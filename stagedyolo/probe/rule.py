@@ -49,33 +49,22 @@ def probe_for_rule(
     data: str,
     *,
     cache_decision: str,
-    weights: list[str],
     tuning_out: str,
-    settings: dict,
-    stage_defaults: dict,
-    cfg: str,
-    device: str,
-    img: int,
-    threads: int,
     log_path: str,
-    batches: list[int] | None = None,
-    stages: dict | None = None,
-    planned_epochs: int | None = None,
     started_unix: float | None = None,
     dataset_report: str | None = None,
+    **plan,
 ) -> dict:
-    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``batches``: the batch sizes
-    to time the model at (default: all of settings["batch"]; plan.probe_batches narrows them to those a stage can
-    take). ``stages``: each training stage's speed settings (plan.probe_stage_specs), whose steady images/s the
-    probe predicts. ``planned_epochs`` (all stages together, plan.planned_epochs) lets the budget grow to
-    TRAINING_SHARE of the planned training. With ``settings["reuse"]`` measurements are kept in
-    <results_dir>/probe_cache (derived from `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix
-    applies) for later runs on the same machine, data, model and settings. ``started_unix``: when the probe's
-    process started (the rule's script passes it, so the budget covers its Python start-up too); default now.
-    ``dataset_report``: prepare_dataset's report, whose box sizes may raise a stage's img (recipe.stage_img)."""
+    """The probe rule: measure, choose and write `tuning_out`; returns what it wrote. ``plan``: plan_request's
+    keywords (weights, settings, stage_defaults, cfg, device, img, threads; optionally batches, stages and
+    planned_epochs). With ``settings["reuse"]`` measurements are kept in <results_dir>/probe_cache (derived from
+    `tuning_out`, R/probe/tuning.json, so a Snakemake module's prefix applies) for later runs on the same machine,
+    data, model and settings. ``started_unix``: when the probe's process started (the rule's script passes it, so
+    the budget covers its Python start-up too); default now. ``dataset_report``: prepare_dataset's report, whose box
+    sizes may raise a stage's img (recipe.stage_img)."""
     tuning_out = Path(tuning_out)
     tuning_out.parent.mkdir(parents=True, exist_ok=True)
-    if not settings.get("enabled", True):
+    if not plan["settings"].get("enabled", True):
         tuning = {"choice": {}, "candidates": [], "stages": {}, "notes": ["probe disabled: stages keep their defaults"]}
         write_json(tuning_out, tuning)
         return tuning
@@ -87,22 +76,13 @@ def probe_for_rule(
     request = plan_request(
         data,
         cache_mode=decision["mode"],
-        weights=weights,
-        settings=settings,
-        stage_defaults=stage_defaults,
-        cfg=cfg,
-        device=device,
-        img=img,
-        threads=threads,
         work=work,
-        batches=batches,
-        stages=stages,
-        planned_epochs=planned_epochs,
         image_store=(decision.get("store") or {}).get("root"),
         boxes_need=boxes_need_img(dataset_report),
+        **plan,
     )
     request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
-    tuning = reuse_or_measure(request, weights, settings, threads=threads, work=work, log_path=log_path)
+    tuning = reuse_or_measure(request, plan["weights"], plan["settings"], work=work, log_path=log_path)
     tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:
@@ -113,9 +93,7 @@ def probe_for_rule(
     return tuning
 
 
-def reuse_or_measure(
-    request: dict, weights: list[str], settings: dict, *, threads: int, work: Path, log_path: str
-) -> dict:
+def reuse_or_measure(request: dict, weights: list[str], settings: dict, *, work: Path, log_path: str) -> dict:
     """tuning.json's content: a reusable earlier measurement when settings["reuse"] allows and one matches, else a
     fresh one, kept for later runs. ``work``: R/probe/probe_work, R = <results_dir>/<run>; the measurements are kept
     in <results_dir>/probe_cache, and the stages' engine home is R/engine."""
@@ -136,7 +114,7 @@ def reuse_or_measure(
     load_before = os.getloadavg()
     measured = run_child(request, work, engine_home=run_dir / "engine", log_path=log_path)
     load = (load_before, os.getloadavg())
-    tuning = build_tuning(request, measured, settings, threads=threads, load=load)
+    tuning = build_tuning(request, measured, settings, load=load)
     if key:
         tuning["reuse_cache"] = keep_for_reuse(reuse_dir, key, tuning, load=load, log_path=log_path)
     return tuning
@@ -160,11 +138,16 @@ def plan_request(
     planned_epochs: int | None = None,
     boxes_need: int | None = None,
 ) -> dict:
-    """What the child measures, each stage at the size it will train at (``boxes_need``: recipe.stage_img). On CPU
-    the model is timed at every torch thread count a worker candidate leaves it (cpu_budget), because that is what
-    compute really gets while the workers load. Whether CUDA is there is the child's to find out (it imports torch
-    anyway; importing it here too would cost seconds), so the request holds the candidates and the child expands
-    them into model runs (model_runs_for)."""
+    """What the child measures, each stage at the size it will train at (``boxes_need``: recipe.stage_img).
+    ``batches``: the batch sizes to time the model at (default: all of settings["batch"]; recipe.probe_batches narrows
+    them to those a stage can take). ``stages``: each training stage's speed settings (recipe.probe_stage_specs),
+    whose steady images/s the probe predicts. ``planned_epochs`` (all stages together, recipe.planned_epochs) lets the
+    budget grow to TRAINING_SHARE of the planned training.
+
+    On CPU the model is timed at every torch thread count a worker candidate leaves it (cpu_budget), because that is
+    what compute really gets while the workers load. Whether CUDA is there is the child's to find out (it imports
+    torch anyway; importing it here too would cost seconds), so the request holds the candidates and the child
+    expands them into model runs (model_runs_for)."""
     cores = cpu_budget(threads, 0)[1]
     loader_runs = [
         {"workers": w, "torch_threads": cpu_budget(threads, w)[1]}
@@ -172,7 +155,6 @@ def plan_request(
     ]
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
-    hyp_defaults = stage_defaults.get("hyp") or {}
     stages = stages or {}
     data_list, train_images = write_subset(data_yaml, Path(data), work / "train_subset.txt")
     return {
@@ -180,7 +162,7 @@ def plan_request(
         "planned_train_images": (planned_epochs or 0) * train_images,  # the budget's TRAINING_SHARE
         "cache": None if cache_mode == "none" else cache_mode,
         "image_store": image_store if cache_mode == "ram" else None,
-        "hyp": stage_hyp(stage_defaults["lr0"], hyp_defaults),
+        "hyp": stage_hyp(stage_defaults["lr0"], stage_defaults.get("hyp") or {}),
         "img": int(img),
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
         "loader_batch": _typical_batch(stage_defaults.get("batch"), settings["batch"]),
@@ -208,7 +190,7 @@ def plan_request(
     }
 
 
-def _stage_request(spec: dict, stage_defaults: dict, boxes_need: int | None = None) -> dict:
+def _stage_request(spec: dict, stage_defaults: dict, boxes_need: int | None) -> dict:
     """The part of a stage spec its speed depends on, with a complete hyp (yolov5 needs every key): the stage's
     augmentations over stage_defaults' LR and loss gains, which do not change a step's cost."""
     hyp = {**(stage_defaults.get("hyp") or {}), **(spec.get("hyp") or {})}
@@ -241,15 +223,13 @@ def run_child(request: dict, work: Path, *, engine_home: Path, log_path: str) ->
     env = engine_environment(engine_home)
     env["OMP_NUM_THREADS"] = str(request["cores"])  # the child sets each measurement's count itself
     planned = planned_seconds(request)
+    candidates = ""
+    if request["choose"]:
+        candidates = f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
     with open(log_path, "a") as log:
         log.write(
-            f"probe: measuring {len(request['stages'])} stages' loops"
-            + (
-                f", {len(request['loader_runs'])} loader runs and {len(request['batches'])} batch sizes"
-                if request["choose"]
-                else ""
-            )
-            + f" within a budget of {request['budget_s']:.0f} s\n"
+            f"probe: measuring {len(request['stages'])} stages' loops{candidates} within a budget of "
+            f"{request['budget_s']:.0f} s\n"
         )
         log.flush()
         argv = [sys.executable, "-m", "stagedyolo.probe.child", str(request_path)]
@@ -272,7 +252,7 @@ def planned_seconds(request: dict) -> float:
     return (model_runs + loader_runs + len(request["stages"])) * request["max_seconds"]
 
 
-def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int, load: tuple) -> dict:
+def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) -> dict:
     cuda = measured["cuda"]
     choice = measured["choice"]
     notes = [
@@ -323,7 +303,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, threads: int,
             "gpu_total_memory_bytes": measured["gpu_total_memory_bytes"],
             "memory_limit_bytes": measured["memory_limit_bytes"],
             "bf16_supported": measured["bf16_supported"],
-            "threads_granted": threads,
+            "threads_granted": request["threads"],
             "available_cores": available_cores(),
             "cores_used": request["cores"],
             "torch": measured["torch"],

@@ -39,6 +39,9 @@ def stage_groups(request: dict, choice: dict, cuda: bool, bf16_supported: bool |
     return list(groups.values())
 
 
+PREDICTED_SETTINGS = ("img", "freeze", "batch", "gpus", "workers", "torch_threads", "amp", "amp_dtype", "nominal_batch")
+
+
 def predictions(stage_runs: list[dict]) -> dict:
     """tuning.json's `stages`: each stage's predicted steady images/s (the whole stage: per GPU x GPUs) and the
     settings it was measured at."""
@@ -49,20 +52,7 @@ def predictions(stage_runs: list[dict]) -> dict:
             out[name] = {
                 "predicted_images_per_s": round(rate * run["gpus"], 3) if rate else None,
                 "basis": "one GPU x gpus (DDP scaling not measured)" if run["gpus"] > 1 else "measured end to end",
-                "settings": {
-                    k: run[k]
-                    for k in (
-                        "img",
-                        "freeze",
-                        "batch",
-                        "gpus",
-                        "workers",
-                        "torch_threads",
-                        "amp",
-                        "amp_dtype",
-                        "nominal_batch",
-                    )
-                },
+                "settings": {k: run[k] for k in PREDICTED_SETTINGS},
                 "steps": run.get("steps"),
                 "stable": run.get("stable"),
                 "seconds": run.get("seconds"),

@@ -124,11 +124,11 @@ def time_steady(
     durations: list[float] = []
     images: list[int] = []
     stable, rates, stopped_early, cut_by_budget = False, [], False, False
+    window = slice(-min_steps, None)
     while True:
         t0 = clock()
         images.append(step())
         durations.append(clock() - t0)
-        window = slice(-min_steps, None)
         if len(durations) >= min_steps:
             stable, rates = halves_agree(durations[window], images[window], stable_within)
             if stable:

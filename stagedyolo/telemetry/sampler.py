@@ -27,42 +27,45 @@ from pathlib import Path
 
 import psutil
 
-GPU_FIELDS = ("util_pct", "mem_used_mb", "mem_total_mb", "power_w", "temp_c", "sm_clock_mhz")
 MB = 1024 * 1024
+# The gpu{k}_* columns and how each is read from NVML, as f(pynvml, handle).
+GPU_READINGS = {
+    "util_pct": lambda p, h: p.nvmlDeviceGetUtilizationRates(h).gpu,
+    "mem_used_mb": lambda p, h: p.nvmlDeviceGetMemoryInfo(h).used / MB,
+    "mem_total_mb": lambda p, h: p.nvmlDeviceGetMemoryInfo(h).total / MB,
+    "power_w": lambda p, h: p.nvmlDeviceGetPowerUsage(h) / 1000.0,
+    "temp_c": lambda p, h: p.nvmlDeviceGetTemperature(h, getattr(p, "NVML_TEMPERATURE_GPU", 0)),
+    "sm_clock_mhz": lambda p, h: p.nvmlDeviceGetClockInfo(h, getattr(p, "NVML_CLOCK_SM", 1)),
+}
+
+
+def _uuid_matches(pynvml, i: int, tok: str) -> bool:
+    """NVML device i's UUID and the CUDA_VISIBLE_DEVICES entry tok (GPU-..., MIG-...) match by prefix."""
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    except Exception:
+        return False
+    return uuid.startswith(tok) or tok.startswith(uuid)
 
 
 def _visible_nvml_indices(pynvml, count: int, gpu_indices) -> list[int]:
     """Map CUDA-visible ordinals to NVML indices (NVML ignores CUDA_VISIBLE_DEVICES)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = list(range(count))
-    if env is not None:
-        env = env.strip()
-        if env == "" or env == "-1":
-            visible = []
-        else:
-            visible = []
-            for tok in (t.strip() for t in env.split(",")):
-                if not tok:
-                    continue
-                if tok.isdigit():
-                    if int(tok) < count:
-                        visible.append(int(tok))
-                    else:
-                        break  # CUDA stops at the first invalid ordinal
-                else:  # UUID (GPU-..., MIG-...): match by prefix
-                    found = None
-                    for i in range(count):
-                        try:
-                            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-                        except Exception:
-                            continue
-                        if uuid.startswith(tok) or tok.startswith(uuid):
-                            found = i
-                            break
-                    if found is None:
-                        break
-                    visible.append(found)
+    if env is None:
+        visible = list(range(count))
+    elif env.strip() == "-1":
+        visible = []
+    else:
+        visible = []
+        for tok in filter(None, (t.strip() for t in env.split(","))):
+            if tok.isdigit():
+                index = int(tok) if int(tok) < count else None
+            else:
+                index = next((i for i in range(count) if _uuid_matches(pynvml, i, tok)), None)
+            if index is None:
+                break  # CUDA stops at the first invalid entry
+            visible.append(index)
     if gpu_indices is not None:
         visible = [visible[k] for k in gpu_indices if 0 <= k < len(visible)]
     return visible
@@ -103,13 +106,16 @@ class Sampler:
 
     # ------------------------------------------------------------------ setup
     def _init_gpu(self) -> None:
+        def failed(what, exc):
+            return f"{what}: {type(exc).__name__}: {exc}".replace("\n", " ")[:200]
+
         try:
             pynvml = self._nvml_mod
             if pynvml is None:
                 import pynvml  # nvidia-ml-py
             pynvml.nvmlInit()
         except Exception as exc:
-            self.gpu_status = f"no NVML: {type(exc).__name__}: {exc}".replace("\n", " ")[:200]
+            self.gpu_status = failed("no NVML", exc)
             return
         self._nvml = pynvml
         try:
@@ -123,15 +129,14 @@ class Sampler:
                 except Exception:
                     self.gpu_names.append("?")
         except Exception as exc:
-            self.gpu_status = f"nvml error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200]
-            self._handles = []
+            self.gpu_status = failed("nvml error", exc)
             return
         self.gpu_status = "ok" if self._handles else "no GPU visible"
 
     def columns(self) -> list[str]:
         cols = ["timestamp", "elapsed_s", "gpu_status"]
         for k in range(len(self._handles)):
-            cols += [f"gpu{k}_{f}" for f in GPU_FIELDS]
+            cols += [f"gpu{k}_{f}" for f in GPU_READINGS]
         cols += [f"cpu{j}_pct" for j in range(self.ncpu)]
         cols += ["cpu_mean_pct", "rss_tree_mb", "ram_available_mb", "ram_total_mb", "disk_read_bytes", "disk_read_mb_s"]
         return cols
@@ -139,26 +144,15 @@ class Sampler:
     # ------------------------------------------------------------------ sampling
     def _gpu_row(self) -> list:
         row = []
-        p = self._nvml
         status = self.gpu_status
         for h in self._handles:
-            vals = []
-            for fn in (
-                lambda h=h: p.nvmlDeviceGetUtilizationRates(h).gpu,
-                lambda h=h: p.nvmlDeviceGetMemoryInfo(h).used / MB,
-                lambda h=h: p.nvmlDeviceGetMemoryInfo(h).total / MB,
-                lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                lambda h=h: p.nvmlDeviceGetTemperature(h, getattr(p, "NVML_TEMPERATURE_GPU", 0)),
-                lambda h=h: p.nvmlDeviceGetClockInfo(h, getattr(p, "NVML_CLOCK_SM", 1)),
-            ):
+            for read in GPU_READINGS.values():
                 try:
-                    v = fn()
-                    vals.append(round(float(v), 1))
+                    row.append(round(float(read(self._nvml, h)), 1))
                 except Exception as exc:  # NotSupported etc.: an empty cell, never a zero
-                    vals.append("")
+                    row.append("")
                     if "NotSupported" not in type(exc).__name__:
                         status = f"partial: {type(exc).__name__}"
-            row += vals
         return [status] + row
 
     def _rss_tree(self) -> float | str:
@@ -205,12 +199,10 @@ class Sampler:
         if rb is None:
             row += ["", ""]
         else:
-            rate = ""
-            if self._last_disk is not None:
-                dt = now - self._last_disk[0]
-                rate = round((rb - self._last_disk[1]) / MB / dt, 3) if dt > 0 else ""
+            last = self._last_disk
+            dt = now - last[0] if last is not None else 0
+            row += [rb, round((rb - last[1]) / MB / dt, 3) if dt > 0 else ""]
             self._last_disk = (now, rb)
-            row += [rb, rate]
         self._writer.writerow(row)
         self._fh.flush()
         self.samples += 1

@@ -32,25 +32,33 @@ def finite(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def quantile(sorted_vals: list[float], q: float) -> float | None:
+    """The q-quantile of already sorted values, interpolated linearly between neighbours; None when empty."""
+    if not sorted_vals:
+        return None
+    k = (len(sorted_vals) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
 def _stats(vals) -> dict | None:
     vals = sorted(v for v in vals if v is not None)
     if not vals:
         return None
-
-    def q(p):
-        k = (len(vals) - 1) * p
-        lo = int(k)
-        hi = min(lo + 1, len(vals) - 1)
-        return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
-
     return {
         "mean": round(sum(vals) / len(vals), 3),
-        "p10": round(q(0.1), 3),
-        "p50": round(q(0.5), 3),
-        "p90": round(q(0.9), 3),
+        "p10": round(quantile(vals, 0.1), 3),
+        "p50": round(quantile(vals, 0.5), 3),
+        "p90": round(quantile(vals, 0.9), 3),
         "max": round(vals[-1], 3),
         "n": len(vals),
     }
+
+
+def _readings(rows, column) -> list[float]:
+    """The column's readings over rows; blank or non-finite cells are no reading, never a zero."""
+    return [v for r in rows if (v := finite(r.get(column))) is not None]
 
 
 def read_telemetry(path) -> tuple[list[str], list[dict]]:
@@ -76,97 +84,76 @@ def _window(rows, start, end):
     if start is None:
         return rows, "all"
     end = end if end is not None else float("inf")
-    w = [r for r in rows if finite(r.get("timestamp")) is not None and start <= finite(r["timestamp"]) <= end]
+    w = [r for r in rows if (ts := finite(r.get("timestamp"))) is not None and start <= ts <= end]
     return (w, "train") if w else (rows, "all")
 
 
 def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict:
-    ids = gpu_ids(cols)
-    statuses = [r.get("gpu_status", "") for r in rows if r.get("gpu_status")]
-    status = statuses[-1] if statuses else ("no telemetry" if not rows else "no gpu_status column")
-    torch_total = memory.get("total_bytes")
-    torch_alloc = memory.get("torch_max_allocated_bytes")
-    torch_res = memory.get("torch_max_reserved_bytes")
-    out = {
-        "available": False,
-        "reason": None,
-        "count": len(ids),
-        "names": list(meta.get("gpu_names") or []),
-        "window": window,
-        "util_pct": None,
-        "per_gpu": [],
-        "torch_peak_allocated_mb": round(torch_alloc / MB, 1) if torch_alloc is not None else None,
-        "torch_peak_reserved_mb": round(torch_res / MB, 1) if torch_res is not None else None,
-        "torch_total_mb": round(torch_total / MB, 1) if torch_total else None,
-        "torch_memory_reason": memory.get("reason"),
-        "nvml_peak_used_mb": None,
-        "nvml_total_mb": None,
-        "peak_memory_share": None,
-    }
-    pooled = []
-    shares = []
-    for k in ids:
-        util = [finite(r.get(f"gpu{k}_util_pct")) for r in win_rows]
-        used = [finite(r.get(f"gpu{k}_mem_used_mb")) for r in rows]
-        total = [finite(r.get(f"gpu{k}_mem_total_mb")) for r in rows]
-        power = [finite(r.get(f"gpu{k}_power_w")) for r in win_rows]
-        used_v = [u for u in used if u is not None]
-        total_v = [t for t in total if t is not None]
-        peak = max(used_v) if used_v else None
-        tot = max(total_v) if total_v else None
-        pooled += [u for u in util if u is not None]
-        if peak is not None and tot:
-            shares.append(peak / tot)
-        out["per_gpu"].append(
+    """Utilisation over the window, NVML memory peaks over every sample. Without utilisation readings ``reason`` says
+    why (the sampler's last gpu_status) and the pooled utilisation and NVML peaks are null."""
+    per_gpu, pooled, shares = [], [], []
+    for k in gpu_ids(cols):
+        util = _readings(win_rows, f"gpu{k}_util_pct")
+        peak = max(_readings(rows, f"gpu{k}_mem_used_mb"), default=None)
+        total = max(_readings(rows, f"gpu{k}_mem_total_mb"), default=None)
+        pooled += util
+        if peak is not None and total:
+            shares.append(peak / total)
+        per_gpu.append(
             {
                 "index": k,
                 "util_pct": _stats(util),
                 "nvml_peak_used_mb": peak,
-                "nvml_total_mb": tot,
-                "power_w_mean": (_stats(power) or {}).get("mean"),
+                "nvml_total_mb": total,
+                "power_w_mean": (_stats(_readings(win_rows, f"gpu{k}_power_w")) or {}).get("mean"),
             }
         )
-    if pooled:
-        out["available"] = True
-        out["util_pct"] = _stats(pooled)
-        peaks = [g["nvml_peak_used_mb"] for g in out["per_gpu"] if g["nvml_peak_used_mb"] is not None]
-        tots = [g["nvml_total_mb"] for g in out["per_gpu"] if g["nvml_total_mb"] is not None]
-        out["nvml_peak_used_mb"] = max(peaks) if peaks else None
-        out["nvml_total_mb"] = max(tots) if tots else None
-    else:
-        out["reason"] = status if status != "ok" else "GPU columns hold no readings"
+    torch_total = memory.get("total_bytes")
+    torch_alloc = memory.get("torch_max_allocated_bytes")
+    torch_res = memory.get("torch_max_reserved_bytes")
     if torch_res is not None and torch_total:
         shares.append(torch_res / torch_total)
-    out["peak_memory_share"] = round(max(shares), 4) if shares else None
-    return out
+    status = next((r["gpu_status"] for r in reversed(rows) if r.get("gpu_status")), None)
+    status = status or ("no telemetry" if not rows else "no gpu_status column")
+
+    def nvml_max(key):
+        return max((g[key] for g in per_gpu if g[key] is not None), default=None) if pooled else None
+
+    return {
+        "available": bool(pooled),
+        "reason": None if pooled else (status if status != "ok" else "GPU columns hold no readings"),
+        "count": len(per_gpu),
+        "names": list(meta.get("gpu_names") or []),
+        "window": window,
+        "util_pct": _stats(pooled),
+        "per_gpu": per_gpu,
+        "torch_peak_allocated_mb": round(torch_alloc / MB, 1) if torch_alloc is not None else None,
+        "torch_peak_reserved_mb": round(torch_res / MB, 1) if torch_res is not None else None,
+        "torch_total_mb": round(torch_total / MB, 1) if torch_total else None,
+        "torch_memory_reason": memory.get("reason"),
+        "nvml_peak_used_mb": nvml_max("nvml_peak_used_mb"),
+        "nvml_total_mb": nvml_max("nvml_total_mb"),
+        "peak_memory_share": round(max(shares), 4) if shares else None,
+    }
 
 
 def _cpu_section(cols, rows, win_rows) -> dict:
     cores = cpu_ids(cols)
-    mean = [finite(r.get("cpu_mean_pct")) for r in win_rows]
     busy = []
     for r in win_rows:
-        vals = [finite(r.get(f"cpu{j}_pct")) for j in cores]
-        vals = [v for v in vals if v is not None]
+        vals = [v for j in cores if (v := finite(r.get(f"cpu{j}_pct"))) is not None]
         if vals:
             busy.append(sum(vals) / 100.0)
-    rss = [finite(r.get("rss_tree_mb")) for r in rows]
-    avail = [finite(r.get("ram_available_mb")) for r in rows]
-    total = [finite(r.get("ram_total_mb")) for r in rows]
-    disk = [finite(r.get("disk_read_bytes")) for r in win_rows]
-    disk = [d for d in disk if d is not None]
-    ms = _stats(mean)
-    rss_v = [v for v in rss if v is not None]
-    avail_v = [v for v in avail if v is not None]
-    total_v = [v for v in total if v is not None]
+    disk = _readings(win_rows, "disk_read_bytes")
+    ms = _stats(_readings(win_rows, "cpu_mean_pct"))
     return {
         "cores": len(cores) or None,
         "util_mean_pct": ms["mean"] if ms else None,
         "util_p90_pct": ms["p90"] if ms else None,
         "busy_cores_mean": round(sum(busy) / len(busy), 3) if busy else None,
-        "peak_rss_mb": max(rss_v) if rss_v else None,
-        "ram_total_mb": max(total_v) if total_v else None,
-        "ram_available_min_mb": min(avail_v) if avail_v else None,
+        "peak_rss_mb": max(_readings(rows, "rss_tree_mb"), default=None),
+        "ram_total_mb": max(_readings(rows, "ram_total_mb"), default=None),
+        "ram_available_min_mb": min(_readings(rows, "ram_available_mb"), default=None),
         "disk_read_mb": round((max(disk) - min(disk)) / MB, 3) if len(disk) > 1 else None,
     }
 
@@ -318,6 +305,10 @@ CONFIG_KEYS = (
 
 def epoch_row(e: dict, index: int, world: int) -> dict:
     """One epoch of the timer's record as timing.json lists it (images counted over all ``world`` ranks)."""
+
+    def seconds(*keys):
+        return round(sum(finite(e.get(k)) or 0.0 for k in keys), 4)
+
     train_s = finite(e.get("train_s")) or 0.0
     images = int(e.get("images") or 0) * world
     batches = int(e.get("batches") or 0)
@@ -325,12 +316,12 @@ def epoch_row(e: dict, index: int, world: int) -> dict:
         "epoch": int(e.get("epoch", index)),
         "complete": bool(e.get("complete", False)),
         "train_s": round(train_s, 4),
-        "data_wait_s": round(finite(e.get("data_wait_s")) or 0.0, 4),
-        "compute_s": round(finite(e.get("compute_s")) or 0.0, 4),
-        "val_s": round(finite(e.get("val_s")) or 0.0, 4),
-        "checkpoint_s": round(finite(e.get("checkpoint_s")) or 0.0, 4),
-        "logging_s": round((finite(e.get("logging_s")) or 0.0) + (finite(e.get("batch_logging_s")) or 0.0), 4),
-        "other_s": round((finite(e.get("tail_s")) or 0.0) + (finite(e.get("gap_before_s")) or 0.0), 4),
+        "data_wait_s": seconds("data_wait_s"),
+        "compute_s": seconds("compute_s"),
+        "val_s": seconds("val_s"),
+        "checkpoint_s": seconds("checkpoint_s"),
+        "logging_s": seconds("logging_s", "batch_logging_s"),
+        "other_s": seconds("tail_s", "gap_before_s"),
         "batches": batches,
         "images": images,
         "images_per_s": round(images / train_s, 3) if train_s > 0 else None,
@@ -346,13 +337,9 @@ def phase_shares(raw: dict, epochs: list[dict], wall: float | None, warnings: li
     """The stage's wall clock and each phase's seconds and share of it; ``other`` is what no phase measured. A wall
     below the measured phases (or none) is raised to their sum, with a warning."""
     final = raw.get("final") or {}
-    seconds = {
-        "setup": finite(raw.get("setup_s")) or 0.0,
-        "train": sum(e["train_s"] for e in epochs),
-        "val": sum(e["val_s"] for e in epochs) + (finite(final.get("val_s")) or 0.0),
-        "checkpoint": sum(e["checkpoint_s"] for e in epochs) + (finite(final.get("checkpoint_s")) or 0.0),
-        "logging": sum(e["logging_s"] for e in epochs) + (finite(final.get("logging_s")) or 0.0),
-    }
+    seconds = {"setup": finite(raw.get("setup_s")) or 0.0, "train": sum(e["train_s"] for e in epochs)}
+    for phase in ("val", "checkpoint", "logging"):  # the epochs' share plus the post-training one
+        seconds[phase] = sum(e[f"{phase}_s"] for e in epochs) + (finite(final.get(f"{phase}_s")) or 0.0)
     if raw.get("setup_s") is None:
         warnings.append("setup time unknown (no process start or on_train_start)")
     measured = sum(seconds.values())
@@ -470,18 +457,16 @@ def timing_markdown(t: dict) -> str:
     )
     cfg = t["config"]
     lines.append("- Config: " + ", ".join(f"{k}={cfg[k]}" for k in cfg if cfg[k] is not None))
-    for w in t["warnings"]:
-        lines.append(f"- Warning: {w}")
+    lines += [f"- Warning: {w}" for w in t["warnings"]]
     return "\n".join(lines) + "\n"
 
 
 def _prediction_note(prediction: dict | None) -> str:
     if not prediction or prediction.get("predicted_images_per_s") is None:
         return ""
-    ratio = prediction["ratio"]
     return (
         f"; the probe predicted {_fmt(prediction['predicted_images_per_s'])} (measured/predicted "
-        f"{_fmt(ratio, '{:.2f}')})"
+        f"{_fmt(prediction['ratio'], '{:.2f}')})"
     )
 
 

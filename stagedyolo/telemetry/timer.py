@@ -37,11 +37,11 @@ Per batch the cost is three ``perf_counter()`` calls, two list appends and one a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 from stagedyolo.jsonio import write_json
+from stagedyolo.telemetry.summary import quantile
 
 RAW_VERSION = 1
 _pc = time.perf_counter
@@ -50,15 +50,6 @@ SYNC_NOTE = (
     "no added synchronisation: on_train_batch_end fires after yolov5 formats the CUDA loss tensors for its progress "
     "bar, which blocks until forward/backward/optimizer/EMA of the batch have executed"
 )
-
-
-def _pct(sorted_vals, q):
-    if not sorted_vals:
-        return None
-    k = (len(sorted_vals) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
 def _process_start_unix() -> float | None:
@@ -90,7 +81,7 @@ class StageTimer:
         self.epochs: list[dict] = []
         self.final: dict = {}
         self._cur = None  # current epoch dict
-        self._state = "setup"  # setup|started|train|after_train_epoch|after_fit|after_fit_late|saving|tail|final|done
+        self._state = "setup"  # setup|started|train|after_train_epoch|after_fit|saving|tail|final|done
         self._t_mark = None  # last phase boundary
         self._last = None  # end of previous batch's work (data wait starts here)
         self._bs = None
@@ -180,17 +171,11 @@ class StageTimer:
 
     def on_train_epoch_end(self, epoch=None, *a, **k):
         now = _pc()
-        c = self._cur
-        if c is None:
+        if self._cur is None:
             return
         if epoch is not None:
-            c["epoch"] = int(epoch)
-        self._flush_batches(c)
-        c["train_s"] = (now - c["t_start"]) - c["batch_logging_s"]
-        c["t_train_end"] = now
-        c["val_s"] = c["logging_s"] = c["checkpoint_s"] = 0.0
-        self._record_memory(c)
-        self._t_mark = now
+            self._cur["epoch"] = int(epoch)
+        self._end_train(now)
         self._state = "after_train_epoch"
 
     def on_val_start(self, *a, **k):
@@ -214,7 +199,6 @@ class StageTimer:
             return
         self._cur["logging_s"] += now - self._t_mark
         self._t_mark = now
-        self._state = "after_fit_late"
         self._end_epoch()
 
     def on_model_save(self, *a, **k):
@@ -258,23 +242,33 @@ class StageTimer:
         self._state = "done"
 
     # ------------------------------------------------------------------ helpers
-    def _flush_batches(self, c: dict) -> None:
-        dw, cp = self._dw, self._cp
-        c["batches"] = len(cp)
-        c["images"] = self._imgs
-        c["data_wait_s"] = sum(dw[: len(cp)])
-        c["compute_s"] = sum(cp)
-        c["batch_logging_s"] = self._blog
-        sdw, scp = sorted(dw), sorted(cp)
-        c["data_wait_p50_s"], c["data_wait_p90_s"] = _pct(sdw, 0.5), _pct(sdw, 0.9)
-        c["data_wait_max_s"] = sdw[-1] if sdw else None
-        c["compute_p50_s"], c["compute_p90_s"] = _pct(scp, 0.5), _pct(scp, 0.9)
-        self._dw, self._cp = [], []
+    def _batch_totals(self) -> dict:
+        """The current epoch's batch counts and sums so far."""
+        return {
+            "batches": len(self._cp),
+            "images": self._imgs,
+            "data_wait_s": sum(self._dw[: len(self._cp)]),
+            "compute_s": sum(self._cp),
+            "batch_logging_s": self._blog,
+        }
 
-    def _end_epoch(self) -> None:
+    def _end_train(self, now: float) -> None:
+        """Close the current epoch's train part at ``now``: batch figures, train_s, the later phases at 0, memory."""
         c = self._cur
-        c["complete"] = True
-        self.epochs.append(c)
+        c.update(self._batch_totals())
+        sdw, scp = sorted(self._dw), sorted(self._cp)
+        c["data_wait_p50_s"], c["data_wait_p90_s"] = quantile(sdw, 0.5), quantile(sdw, 0.9)
+        c["data_wait_max_s"] = sdw[-1] if sdw else None
+        c["compute_p50_s"], c["compute_p90_s"] = quantile(scp, 0.5), quantile(scp, 0.9)
+        self._dw, self._cp = [], []
+        c["train_s"] = (now - c["t_start"]) - c["batch_logging_s"]
+        c["val_s"] = c["logging_s"] = c["checkpoint_s"] = 0.0
+        self._record_memory(c)
+        self._t_mark = now
+
+    def _end_epoch(self, complete: bool = True) -> None:
+        self._cur["complete"] = complete
+        self.epochs.append(self._cur)
         self._cur = None
         self._state = "tail"
 
@@ -288,24 +282,14 @@ class StageTimer:
 
     def _close_partial(self, now: float) -> None:
         """Fold an epoch whose later boundaries never came (stop, crash, missing late hooks) into the record."""
-        if self._state == "train" and self._cur is not None:
-            c = self._cur
-            self._flush_batches(c)
-            c["train_s"] = (now - c["t_start"]) - c["batch_logging_s"]
-            c["val_s"] = c["logging_s"] = c["checkpoint_s"] = 0.0
-            self._record_memory(c)
-            self.epochs.append(c)
-            self._cur = None
-            self._t_mark = now
-            self._state = "tail"
+        if self._state == "train":
+            self._end_train(now)
+            self._end_epoch(complete=False)
         elif self._state in ("after_train_epoch", "after_fit"):
             key = "val_s" if self._state == "after_train_epoch" else "logging_s"
             self._cur[key] += now - self._t_mark
             self._t_mark = now
-            self._cur["complete"] = False
-            self.epochs.append(self._cur)
-            self._cur = None
-            self._state = "tail"
+            self._end_epoch(complete=False)
         elif self._state == "saving":
             self._state = "tail"
 
@@ -313,7 +297,8 @@ class StageTimer:
         if not self.cuda:
             return
         try:
-            torch = sys.modules.get("torch") or __import__("torch")
+            import torch
+
             c["torch_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
             c["torch_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
         except Exception as exc:  # never break training for telemetry
@@ -321,16 +306,12 @@ class StageTimer:
 
     def memory(self) -> dict:
         """Peak torch memory on the current CUDA device, or nulls with the reason."""
+        unknown = dict.fromkeys(("torch_max_allocated_bytes", "torch_max_reserved_bytes", "total_bytes", "device_name"))
         if not self.cuda:
-            return {
-                "torch_max_allocated_bytes": None,
-                "torch_max_reserved_bytes": None,
-                "total_bytes": None,
-                "device_name": None,
-                "reason": "device is not CUDA",
-            }
+            return {**unknown, "reason": "device is not CUDA"}
         try:
-            torch = sys.modules.get("torch") or __import__("torch")
+            import torch
+
             dev = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(dev)
             return {
@@ -341,13 +322,7 @@ class StageTimer:
                 "reason": None,
             }
         except Exception as exc:
-            return {
-                "torch_max_allocated_bytes": None,
-                "torch_max_reserved_bytes": None,
-                "total_bytes": None,
-                "device_name": None,
-                "reason": f"torch.cuda unavailable: {exc!r}",
-            }
+            return {**unknown, "reason": f"torch.cuda unavailable: {exc!r}"}
 
     # ------------------------------------------------------------------ output
     def current_epoch(self) -> dict | None:
@@ -360,35 +335,19 @@ class StageTimer:
         """The raw record (a plain dict; safe to call at any time, also mid-epoch after a failure)."""
         now = _pc()
         epochs = [dict(e) for e in self.epochs]
-        if self._cur is not None and self._state == "train":  # interrupted mid-epoch: snapshot without mutating
-            c = dict(self._cur)
-            dw, cp = self._dw, self._cp
-            c.update(
-                batches=len(cp),
-                images=self._imgs,
-                data_wait_s=sum(dw[: len(cp)]),
-                compute_s=sum(cp),
-                batch_logging_s=self._blog,
-                train_s=(now - c["t_start"]) - self._blog,
-                val_s=0.0,
-                logging_s=0.0,
-                checkpoint_s=0.0,
-            )
+        if self._state == "train":  # interrupted mid-epoch: snapshot without mutating
+            c = {**self._cur, **self._batch_totals()}
+            c.update(train_s=(now - c["t_start"]) - self._blog, val_s=0.0, logging_s=0.0, checkpoint_s=0.0)
             epochs.append(c)
         elif self._cur is not None:
             epochs.append(dict(self._cur))
         for e in epochs:
             e["t_start_unix"] = self._unix(e.pop("t_start", None))
-            e.pop("t_train_end", None)
             e.setdefault("tail_s", 0.0)
-        setup_imports = setup_build = None
-        if self.process_start is not None and self.t_pretrain is not None:
-            setup_imports = self._unix(self.t_pretrain) - self.process_start
-        if self.t_pretrain is not None and self.t_train_start is not None:
-            setup_build = self.t_train_start - self.t_pretrain
-        setup = None
-        if self.process_start is not None and self.t_train_start is not None:
-            setup = self._unix(self.t_train_start) - self.process_start
+
+        def since(t0, t1):
+            return None if t0 is None or t1 is None else t1 - t0
+
         return {
             "version": RAW_VERSION,
             "pid": os.getpid(),
@@ -399,9 +358,9 @@ class StageTimer:
             "train_start_unix": self._unix(self.t_train_start),
             "train_end_unix": self._unix(self.t_train_end_late or self.t_train_end),
             "written_unix": self._unix(now),
-            "setup_s": setup,
-            "setup_imports_s": setup_imports,
-            "setup_build_s": setup_build,
+            "setup_s": since(self.process_start, self._unix(self.t_train_start)),
+            "setup_imports_s": since(self.process_start, self._unix(self.t_pretrain)),
+            "setup_build_s": since(self.t_pretrain, self.t_train_start),
             "start_gap_s": epochs[0]["gap_before_s"] if epochs else None,
             "finished": self.t_train_end is not None,
             "late_hooks": self._late_registered,
