@@ -70,7 +70,7 @@ def train_stage(
         cfg=inputs["cfg"],
         cache_mode=decision["mode"],
         threads=threads,
-        work_dir=Path(run_dir) / "work" / stage,
+        work_dir=run_dir / "work" / stage,
         probe_choice=tuning.get("choice"),
         image_store=(decision.get("store") or {}).get("root"),
         run_stages=run_stages,
@@ -80,9 +80,8 @@ def train_stage(
     def make_plan(changes: dict) -> StagePlan:  # the stage's plan with some settings changed (a tune candidate)
         return build_plan({**spec, **changes}, **settings)
 
-    engine_home = Path(run_dir) / "engine"
+    engine_home, tune_dir = run_dir / "engine", run_dir / "work" / f"{stage}.tune"
     with _owned(settings["work_dir"], stage):  # its tune trials too: one supervisor per stage
-        plan, tune, tune_dir = make_plan({}), None, Path(run_dir) / "work" / f"{stage}.tune"
         if inputs["tune"]:
             plan, tune = tune_stage(
                 make_plan,
@@ -92,6 +91,8 @@ def train_stage(
                 window=inputs["tune"],
                 telemetry_interval=interval,
             )
+        else:
+            plan, tune = make_plan({}), None
         outcome = run_stage(
             plan,
             stage_dir=stage_dir,
@@ -241,20 +242,15 @@ def _write_published(
     prediction: dict | None,
 ) -> list:
     """Copy the finished run's artefacts into `folder` and write its stage.json, timing and diagnosis."""
+    weights = work_dir / "weights"
     (folder / "weights").mkdir(parents=True)
     # epoch<N>.pt: the save_period checkpoints, kept since the user asked for them
-    for path in [
-        work_dir / "weights" / "last.pt",
-        work_dir / "weights" / "best.pt",
-        *sorted((work_dir / "weights").glob("epoch*.pt")),
-    ]:
+    for path in [weights / "last.pt", weights / "best.pt", *sorted(weights.glob("epoch*.pt"))]:
         if path.exists():
             shutil.copy2(path, folder / "weights" / path.name)
     for path in [
-        work_dir / "results.csv",
-        work_dir / "opt.yaml",
-        work_dir / "hyp.yaml",
-        handover_path(work_dir / "weights" / "last.pt"),
+        *(work_dir / name for name in ("results.csv", "opt.yaml", "hyp.yaml", "telemetry.csv")),
+        handover_path(weights / "last.pt"),
         *work_dir.glob("events.out.tfevents.*"),
         *work_dir.glob("*.png"),
     ]:
@@ -277,8 +273,6 @@ def _write_published(
         "tune": tune,
     }
     write_json(folder / "stage.json", record)
-    if (work_dir / "telemetry.csv").exists():
-        shutil.copy2(work_dir / "telemetry.csv", folder / "telemetry.csv")
     timing = build_timing(
         read_json(work_dir / "timing_raw.json"),
         telemetry_csv=folder / "telemetry.csv",

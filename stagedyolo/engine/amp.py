@@ -47,11 +47,9 @@ def amp_verdict(model_runs: list[dict], cuda: bool) -> dict:
             "reason": f"off: AMP measured >= {AMP_SLOWER_TO_DISABLE:.0%} slower than fp32 over >= "
             f"{AMP_MIN_STEPS} steps each ({figures} images/s)",
         }
-    why = (
-        "not measured"
-        if not evidence
-        else (f"AMP not >= {AMP_SLOWER_TO_DISABLE:.0%} slower at every batch over >= {AMP_MIN_STEPS} steps each")
-    )
+    why = "not measured"
+    if evidence:
+        why = f"AMP not >= {AMP_SLOWER_TO_DISABLE:.0%} slower at every batch over >= {AMP_MIN_STEPS} steps each"
     return {"amp": True, "reason": f"on with CUDA (the default; {why})", "evidence": evidence}
 
 
@@ -59,12 +57,9 @@ def decide_amp(setting, cuda: bool, source: str = "config", bf16_supported: bool
     """What a stage runs: {"amp": bool, "dtype": "float16" | "bfloat16" | None, "reason": str}.
     `source` says who set a true/false: the config, or the probe for `amp: auto`."""
     if not cuda:
-        asked = setting is True or setting == "bf16"
-        why = (
-            f"amp: {_name(setting)} from {source}, but yolov5's AMP does not apply on the CPU"
-            if asked
-            else "AMP needs CUDA"
-        )
+        why = "AMP needs CUDA"
+        if setting is True or setting == "bf16":
+            why = f"amp: {str(setting).lower()} from {source}, but yolov5's AMP does not apply on the CPU"
         return {"amp": False, "dtype": None, "reason": f"off on CPU ({why})"}
     if setting == "bf16":
         if bf16_supported:
@@ -75,9 +70,5 @@ def decide_amp(setting, cuda: bool, source: str = "config", bf16_supported: bool
     return {
         "amp": bool(setting),
         "dtype": "float16" if setting else None,
-        "reason": f"amp: {_name(setting)} from {source}",
+        "reason": f"amp: {str(setting).lower()} from {source}",
     }
-
-
-def _name(setting) -> str:
-    return str(setting).lower()

@@ -72,7 +72,7 @@ def nonfinite_weights(checkpoint: dict, torch) -> list[str]:
 
 def nonfinite_checkpoints(paths: list[Path], torch) -> str | None:
     """Why the first of `paths` (those that exist) must not be published, its weights being non-finite, or None."""
-    for path in (path for path in paths if path.exists()):
+    for path in filter(Path.exists, paths):
         bad = nonfinite_weights(torch.load(path, map_location="cpu", weights_only=False), torch)
         if bad:
             return (

@@ -50,17 +50,12 @@ def read_handover(path: str | Path, torch) -> dict:
     ckpt = torch.load(str(path), map_location="cpu", weights_only=False)  # this run's own file (docs/robustness.md)
     if not ckpt.get("optimizer") or ckpt.get("ema") is None:
         raise ValueError(f"{path} holds no optimizer or EMA state (a stripped checkpoint): it cannot be continued")
-    groups = ckpt["optimizer"]["param_groups"]
     return {
-        "lr": float(groups[0]["lr"]),
+        "lr": float(ckpt["optimizer"]["param_groups"][0]["lr"]),
         "recipe_epochs": int(ckpt.get("recipe_epochs", ckpt["epoch"] + 1)),
         "fitness": float(ckpt.get("best_fitness") or 0.0),
         "val_img": ckpt.get("val_img") or (ckpt.get("opt") or {}).get("imgsz"),
     }
-
-
-def _optimizer_name(ckpt: dict) -> str | None:
-    return (ckpt.get("opt") or {}).get("optimizer")
 
 
 class Continuation:
@@ -94,8 +89,9 @@ class Continuation:
 
     def _restore_optimizer(self, ckpt: dict, optimizer) -> str:
         saved, fresh = ckpt["optimizer"], optimizer.state_dict()
-        if _optimizer_name(ckpt) != self.optimizer_name:
-            return f"not restored: the previous stage used {_optimizer_name(ckpt)}, this one {self.optimizer_name}"
+        previous = (ckpt.get("opt") or {}).get("optimizer")
+        if previous != self.optimizer_name:
+            return f"not restored: the previous stage used {previous}, this one {self.optimizer_name}"
         sizes = [len(group["params"]) for group in saved["param_groups"]]
         if sizes != [len(group["params"]) for group in fresh["param_groups"]]:
             return f"not restored: the parameter groups differ ({sizes} saved) - a different model?"

@@ -97,18 +97,20 @@ class EpochStop:
 
     def __call__(self, epoch: int, fitness) -> bool:
         fitness = float(fitness)
-        if math.isfinite(fitness) and fitness >= self.best_fitness:
+        if not math.isfinite(fitness):  # an epoch the schedule skipped (NaN) is never judged
+            return self.reason == TIME_BUDGET
+        if fitness >= self.best_fitness:
             self.best_epoch, self.best_fitness = epoch, fitness
         if self.reason == TIME_BUDGET:
             return True
-        if math.isfinite(fitness) and self.stall and self.stall.stalled(epoch, fitness, self.clock()):
+        if self.stall and self.stall.stalled(epoch, fitness, self.clock()):
             self.reason = STALL
             print(
                 f"stagedyolo: handing over at epoch {epoch}: the fitness gain per second fell below "
                 f"{self.stall.fraction:g} of this stage's best ({self.stall.figures})"
             )
             return True
-        if math.isfinite(fitness) and self.patience and epoch - self.best_epoch >= self.patience:
+        if self.patience and epoch - self.best_epoch >= self.patience:
             self.reason = PATIENCE
             print(
                 f"stagedyolo: stopping early at epoch {epoch}: no better fitness in the {epoch - self.best_epoch} "

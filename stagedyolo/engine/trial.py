@@ -46,8 +46,9 @@ class TrialWindow:
                 "warmup_batches": self.warmup,
                 "reason": f"training ended after {len(self.ends)} batch(es), inside the warm-up",
             }
-        seconds = self.ends[-1] - self.ends[self.warmup - 1] if self.warmup else self.ends[-1] - self.ends[0]
-        images = sum(self.images[self.warmup :]) if self.warmup else sum(self.images[1:])
+        start = max(self.warmup, 1)  # without a warm-up, timed from the first batch's end
+        seconds = self.ends[-1] - self.ends[start - 1]
+        images = sum(self.images[start:])
         return {
             "images_per_s": round(images / seconds, 3) if seconds > 0 else None,
             "batches": done,

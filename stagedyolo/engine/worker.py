@@ -48,8 +48,7 @@ def main(plan_path: str, plugins=()) -> int:
 
     torch.set_num_threads(plan["torch_threads"])
     engine, patches, amp, continuation = load_engine(plan, torch, process_start)
-    device, callbacks = engine.device, engine.callbacks
-    train, schedule, guard = engine.train, engine.schedule, engine.guard
+    device, callbacks, schedule, guard = engine.device, engine.callbacks, engine.schedule, engine.guard
     for plugin in plugins:
         register(plugin, callbacks)
     window = TrialWindow.from_plan(plan)  # a tune trial: time the steady batches, then stop (stagedyolo.tune)
@@ -73,11 +72,14 @@ def main(plan_path: str, plugins=()) -> int:
         "continuation": continuation,
     }
     try:
-        train.main(build_opt(train, plan, device), callbacks)
+        engine.train.main(build_opt(engine.train, plan, device), callbacks)
         if guard.message:
             outcome.update(status="nonfinite", message=guard.message)
-        elif REPORTING_RANK and (unpublishable := nonfinite_checkpoints(_trained_checkpoints(work_dir), torch)):
-            outcome.update(status="nonfinite", message=unpublishable)  # a NaN the loss guard could not see
+        elif REPORTING_RANK:
+            # What the supervisor publishes as the stage's weights: last.pt and the handover made from it.
+            last = work_dir / "weights" / "last.pt"
+            if unpublishable := nonfinite_checkpoints([last, handover_path(last)], torch):
+                outcome.update(status="nonfinite", message=unpublishable)  # a NaN the loss guard could not see
     except NonFiniteLoss:  # found at an epoch's end, before yolov5 saved that epoch
         outcome.update(status="nonfinite", message=guard.message)
     except torch.cuda.OutOfMemoryError as error:
@@ -106,19 +108,10 @@ def main(plan_path: str, plugins=()) -> int:
             write_json(work_dir / "outcome.json", outcome)
             timer.write_raw(work_dir / "timing_raw.json")
         close_engine_loggers(callbacks)  # before skip_exit_collection, which would leave its last events unwritten
-    if outcome["status"] == "oom":
+    code = {"oom": EXIT_OOM, "nonfinite": EXIT_NONFINITE}.get(outcome["status"], 0)
+    if code:
         print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
-        return EXIT_OOM
-    if outcome["status"] == "nonfinite":
-        print(f"stagedyolo: {outcome['message']}", file=sys.stderr)
-        return EXIT_NONFINITE
-    return 0
-
-
-def _trained_checkpoints(work_dir: Path) -> list[Path]:
-    """What the supervisor publishes as the stage's weights: last.pt and the handover made from it."""
-    last = work_dir / "weights" / "last.pt"
-    return [last, handover_path(last)]
+    return code
 
 
 def load_engine(plan: dict, torch, started_at: float = 0.0) -> tuple[EngineContext, list[dict], dict, dict | None]:
