@@ -73,9 +73,10 @@ def stage_spec(config: dict, stage: str) -> dict:
     """The stage's settings: stage_defaults, overridden by what the stage names."""
     if stage not in config["stages"]:
         raise KeyError(f"unknown stage {stage!r}: config 'stages' has {stage_names(config)}")
-    spec = {key: config["stage_defaults"].get(key) for key in STAGE_KEYS}
-    spec.update(config["stages"][stage] or {})
-    spec["hyp"] = {**(config["stage_defaults"].get("hyp") or {}), **((config["stages"][stage] or {}).get("hyp") or {})}
+    defaults, own = config["stage_defaults"], config["stages"][stage] or {}
+    spec = {key: defaults.get(key) for key in STAGE_KEYS}
+    spec.update(own)
+    spec["hyp"] = {**(defaults.get("hyp") or {}), **(own.get("hyp") or {})}
     if spec["device"] is None:
         spec["device"] = config["device"]
     spec["target_img"] = target_img(config)
@@ -85,7 +86,7 @@ def stage_spec(config: dict, stage: str) -> dict:
     # start_from: previous continues the previous stage's training (stagedyolo.engine.continuation), at the LR it
     # handed over unless the stage names its own lr0 (a jump it asks for; stage_defaults' lr0 is the first stage's).
     spec["continues"] = spec["start_from"] == "previous" and previous_stage(config, stage) is not None
-    spec["lr_from_previous"] = spec["continues"] and "lr0" not in (config["stages"][stage] or {})
+    spec["lr_from_previous"] = spec["continues"] and "lr0" not in own
     return spec
 
 
