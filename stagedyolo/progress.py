@@ -1,8 +1,10 @@
 """A running stage's progress: one line per epoch in Snakemake's console, and what `stagedyolo status` reads.
 
-The worker's `ProgressReport` hook writes `work/<stage>/progress.json` after every epoch (rank 0 only) and prints
-the line into the stage's log. The worker's output goes to that log, not to the console, so the supervisor runs a
-`ProgressRelay` that prints each new record's line to its own stderr, which Snakemake shows:
+The worker's `ProgressReport` hook writes `work/<stage>/progress.json` after every epoch (rank 0 only), appends the
+record to `progress.jsonl` and prints the line into the stage's log. The worker's output goes to that log, not to the
+console, so the supervisor runs a `ProgressRelay` that prints each record appended to `progress.jsonl` to its own
+stderr, which Snakemake shows. It reads the appended lines rather than polling progress.json, whose record a short
+epoch can replace before the next poll (on a loaded 2-core machine a tiny stage's epoch line went missing):
 
     [frozen] epoch 3/6  412.3 img/s  mAP50 0.812  stage ETA 0:00:12  run ETA 0:01:05
 
@@ -13,6 +15,7 @@ pixel count ((img / this img)^2): a rough figure, since a frozen backbone or ano
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -20,9 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.jsonio import write_json
 
-PROGRESS_FILE = "progress.json"
+PROGRESS_FILE = "progress.json"  # the latest record: what `stagedyolo status` reads
+PROGRESS_HISTORY = "progress.jsonl"  # every record, one per line: what the relay prints
 MAP50 = 5  # index of mAP50 in yolov5's on_fit_epoch_end log_vals: 3 train losses, then P, R, mAP50, ...
 
 
@@ -31,7 +35,7 @@ class ProgressReport:
 
     def __init__(self, plan: dict, timer, schedule, stop, clock=time.time):
         self.plan, self.timer, self.schedule, self.stop, self.clock = plan, timer, schedule, stop, clock
-        self.path = Path(plan["work_dir"]) / PROGRESS_FILE
+        self.work_dir = Path(plan["work_dir"])
         self.world = int(os.environ.get("WORLD_SIZE", 1))  # the timer counts rank 0's share of each batch
         self.train_started: float | None = None
         self.first_epoch: int | None = None
@@ -67,8 +71,15 @@ class ProgressReport:
             "stopping": self.stop.reason,
             "updated": now,
         }
-        write_json(self.path, record)
+        record_progress(self.work_dir, record)
         print(progress_line(record), flush=True)
+
+
+def record_progress(work_dir: Path, record: dict) -> None:
+    """The epoch's record as the latest (progress.json) and appended to the history the relay reads."""
+    write_json(work_dir / PROGRESS_FILE, record)
+    with open(work_dir / PROGRESS_HISTORY, "a") as history:
+        history.write(json.dumps(record) + "\n")
 
 
 def later_stages_s(plan: dict, mean_epoch_s: float) -> float:
@@ -99,18 +110,19 @@ def progress_line(record: dict) -> str:
 
 
 class ProgressRelay:
-    """Prints each new progress.json record's line to `stream` while a stage runs (a thread in the supervisor)."""
+    """Prints each record appended to progress.jsonl to `stream` while a stage runs (a thread in the supervisor)."""
 
     def __init__(self, work_dir: str | Path, stream=None, interval_s: float = 0.5):
-        self.path = Path(work_dir) / PROGRESS_FILE
+        self.path = Path(work_dir) / PROGRESS_HISTORY
         self.stream = stream or sys.stderr
         self.interval_s = interval_s
-        self._seen = None
+        self._offset = 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stagedyolo-progress", daemon=True)
 
     def __enter__(self):
-        self._seen = self._key(read_json(self.path))  # a resumed stage's last record was already shown
+        # a resumed stage's earlier records were shown by the run that wrote them
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
         self._thread.start()
         return self
 
@@ -124,11 +136,13 @@ class ProgressRelay:
             self.poll()
 
     def poll(self) -> None:
-        record = read_json(self.path)
-        if record and self._key(record) != self._seen:
-            self._seen = self._key(record)
-            print(progress_line(record), file=self.stream, flush=True)
-
-    @staticmethod
-    def _key(record):
-        return (record.get("epoch"), record.get("updated")) if record else None
+        """Print the records appended since the last poll; a line still being written waits for the next one."""
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as history:
+            history.seek(self._offset)
+            appended = history.read()
+        complete = appended[: appended.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode().splitlines():
+            print(progress_line(json.loads(line)), file=self.stream, flush=True)

@@ -1,14 +1,14 @@
 """EpochStop (patience on validated epochs, time budget) and the progress line, replayed without training."""
 
 import io
+import json
 import math
 
 import pytest
 
 from stagedyolo.engine.hooks import ValidationSchedule
 from stagedyolo.engine.stopping import EpochStop
-from stagedyolo.jsonio import write_json
-from stagedyolo.progress import PROGRESS_FILE, ProgressRelay, later_stages_s, progress_line
+from stagedyolo.progress import PROGRESS_FILE, ProgressRelay, later_stages_s, progress_line, record_progress
 
 NAN = math.nan
 
@@ -107,16 +107,21 @@ def test_progress_line_and_relay_print_each_epoch_once(tmp_path):
     }
     line = progress_line(record)
     assert line == "[frozen] epoch 3/6  412.3 img/s  mAP50 0.812  stage ETA 0:00:12  run ETA 1:02:05"
+    record_progress(tmp_path, {**record, "epoch": 2})  # a resumed stage's earlier epoch: already shown
     stream = io.StringIO()
     with ProgressRelay(tmp_path, stream=stream, interval_s=60) as relay:
-        write_json(tmp_path / PROGRESS_FILE, record)
+        record_progress(tmp_path, record)
         relay.poll()
         relay.poll()  # unchanged: not printed again
-        write_json(tmp_path / PROGRESS_FILE, {**record, "epoch": 4, "map50": None, "updated": 2.0})
+        # two epochs between polls (a short epoch on a loaded machine): both are printed
+        record_progress(tmp_path, {**record, "epoch": 4, "map50": None, "updated": 2.0})
+        record_progress(tmp_path, {**record, "epoch": 5, "updated": 3.0})
     assert stream.getvalue().splitlines() == [
         line,
         "[frozen] epoch 4/6  412.3 img/s  stage ETA 0:00:12  run ETA 1:02:05",
+        line.replace("epoch 3/6", "epoch 5/6"),
     ]
+    assert json.loads((tmp_path / PROGRESS_FILE).read_text())["epoch"] == 5  # status reads the latest
 
 
 def test_a_phase_hands_over_when_its_gain_per_second_stalls_and_records_the_figures():
