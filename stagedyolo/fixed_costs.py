@@ -19,7 +19,8 @@ def fixed_costs(
     run_s, share, clock_from}; a gap is None where a stamp is missing (an older timing.json). Without the snakemake
     call's stamp (a cluster executor ran verify_env elsewhere) the clock starts at the first job."""
     rows, previous_end, after = [], job_started_unix, "the run's first job (verify_env)"
-    if snakemake_started_unix is not None:
+    called = snakemake_started_unix is not None
+    if called:
         gap = _between(snakemake_started_unix, job_started_unix)
         until, after_call = "the run's first job", "the snakemake call"
         rows.append({"stage": None, "until": until, "after": after_call, "gap_s": gap, "setup_s": None})
@@ -38,7 +39,6 @@ def fixed_costs(
         previous_end, after = clock.get("train_end"), f"{stage['name']}'s last training step"
     gaps = [row["gap_s"] for row in rows]
     total = round(sum(gaps), 1) if gaps and None not in gaps else None
-    called = snakemake_started_unix is not None
     run = _between(snakemake_started_unix if called else job_started_unix, previous_end)
     clock_from = "the snakemake call" if called else "the first job"
     share = round(total / run, 3) if total and run else None

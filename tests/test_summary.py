@@ -142,6 +142,20 @@ def test_no_gpu_is_null_with_reason(tmp_path):
     assert "GPU: none" in md and "| train |" in md
 
 
+def test_nvml_memory_without_utilisation_readings_is_null_and_torch_share_stays(tmp_path):
+    # NVML answered memory but no utilisation (gpu_status says why): the GPU is not "available", so no NVML figure
+    # may be reported, the memory share included; torch's own reserved peak is a measurement and stays
+    rows = [{"ts": 1000 + i, "util": [""], "mem": [70000], "cpu": 50} for i in range(5)]
+    p = write_csv(tmp_path / "telemetry.csv", rows, gpus=1, status="NVMLError_NotSupported: utilization")
+    t = build_timing(raw([epoch(0)]), p, wall_s=60.0, meta=META)
+    g = t["gpu"]
+    assert g["available"] is False and "NotSupported" in g["reason"]
+    assert g["nvml_peak_used_mb"] is None and g["peak_memory_share"] is None
+    mem = {"torch_max_allocated_bytes": 8 * 2**30, "torch_max_reserved_bytes": 10 * 2**30, "total_bytes": 80 * 2**30}
+    g = build_timing(raw([epoch(0)], memory=mem), p, wall_s=60.0, meta=META)["gpu"]
+    assert g["peak_memory_share"] == pytest.approx(0.125) and g["torch_peak_reserved_mb"] == pytest.approx(10240.0)
+
+
 def test_gpu_stats_use_training_window(tmp_path):
     # samples before train start (t<1000) have util 0 (setup) and must not dilute the training utilisation
     rows = [{"ts": 990 + i, "util": [0, 0], "mem": [500, 500], "cpu": 10} for i in range(10)]

@@ -90,15 +90,16 @@ def _window(rows, start, end):
 
 def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict:
     """Utilisation over the window, NVML memory peaks over every sample. Without utilisation readings ``reason`` says
-    why (the sampler's last gpu_status) and the pooled utilisation and NVML peaks are null."""
-    per_gpu, pooled, shares = [], [], []
+    why (the sampler's last gpu_status) and every NVML figure is null, the memory share included; torch's own
+    peaks (CUDA only) are measured by torch and stay."""
+    per_gpu, pooled, nvml_shares = [], [], []
     for k in gpu_ids(cols):
         util = _readings(win_rows, f"gpu{k}_util_pct")
         peak = max(_readings(rows, f"gpu{k}_mem_used_mb"), default=None)
         total = max(_readings(rows, f"gpu{k}_mem_total_mb"), default=None)
         pooled += util
         if peak is not None and total:
-            shares.append(peak / total)
+            nvml_shares.append(peak / total)
         per_gpu.append(
             {
                 "index": k,
@@ -111,6 +112,7 @@ def _gpu_section(cols, rows, win_rows, window, memory: dict, meta: dict) -> dict
     torch_total = memory.get("total_bytes")
     torch_alloc = memory.get("torch_max_allocated_bytes")
     torch_res = memory.get("torch_max_reserved_bytes")
+    shares = nvml_shares if pooled else []
     if torch_res is not None and torch_total:
         shares.append(torch_res / torch_total)
     status = next((r["gpu_status"] for r in reversed(rows) if r.get("gpu_status")), None)
