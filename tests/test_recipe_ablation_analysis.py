@@ -2,6 +2,7 @@
 and its ratio to the shipped recipe is measured, bounded or absent as the design says (synthetic rows)."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import recipe_ablation  # noqa: E402
-from naive_vs_staged import FIXED_TARGETS, UNTUNED, untuned_config  # noqa: E402
+from naive_vs_staged import FIXED_TARGETS, UNTUNED  # noqa: E402
 from recipe_ablation import BEST, JUDGED, SIDES, ablated, analyse_repeat, markdown, summarise  # noqa: E402
 
 SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
@@ -28,23 +29,41 @@ def test_each_side_takes_out_one_part_and_nothing_else():
     assert ("smoke", "start_from") not in _differences("no_continuity")  # the first stage starts the training anyway
     assert {key for _, key in _differences("no_resolution")} == {"img"}
     assert _differences("no_freezing") == {("frozen", "freeze")}
+    # the demo keeps mosaic off in stage_defaults, so taking highres's own setting away changes no training there
+    assert _differences("no_close_mosaic") == {("highres", "hyp")}
+    assert SHIPPED["stage_defaults"]["hyp"]["mosaic"] == 0.0
 
 
 @pytest.mark.parametrize(
-    "name, img, small, epochs", [("mixed", 320, 256, [2, 2, 12, 4]), ("det", 160, 128, [2, 4, 18, 6])]
+    "name, img, small, epochs",
+    [("mixed", 320, 256, [2, 2, 12, 4]), ("det", 160, 128, [2, 4, 18, 6]), ("det320", 320, 256, [2, 4, 18, 6])],
 )
 def test_on_an_untuned_set_the_sides_take_out_the_same_parts_of_its_recipe_and_judge_it_at_its_target_size(
-    name, img, small, epochs
+    name, img, small, epochs, monkeypatch, tmp_path
 ):
-    spec = UNTUNED[name]
-    config = untuned_config(name, Path("data.yaml"), Path("w.pt"), spec.img, spec.frozen, spec.finetune)
+    # recipe() builds the set it trains on (det320: det's own set, at det's ablation size) and the recipe at the
+    # target size the data set is judged at; the generator is replaced, so nothing is drawn
+    made = []
+    source = recipe_ablation.SOURCE.get(name, name)
+    spec = replace(UNTUNED[source], make=lambda folder, train, val: made.append((Path(folder).name, train, val)))
+    monkeypatch.setattr(recipe_ablation, "UNTUNED", {source: spec})
+    monkeypatch.setattr(recipe_ablation, "WORK", tmp_path)
+    monkeypatch.setattr(recipe_ablation, "demo_inputs", lambda: {"weights": Path("w.pt")})
+    config = recipe_ablation.recipe(name)
+    train, val = recipe_ablation.SIZES.get(name, (spec.train, spec.val))
+    assert made == [(f"{source}_data_{train}_{val}", train, val)]
     assert [stage["epochs"] for stage in config["stages"].values()] == epochs
     assert [stage.get("img", img) for stage in config["stages"].values()] == [small, small, small, img]
+    assert config["stage_defaults"]["img"] == img == JUDGED[name][0] and JUDGED["demo"] == (160, FIXED_TARGETS)
     assert {key for _, key in _differences("no_continuity", config)} == {"start_from"}
     assert _differences("no_freezing", config) == {("frozen", "freeze")}
     assert {key for _, key in _differences("no_resolution", config)} == {"img"}
-    assert {stage["img"] for stage in ablated(config, "no_resolution")["stages"].values()} == {spec.img} == {img}
-    assert JUDGED[name][0] == img and JUDGED["demo"] == (160, FIXED_TARGETS)
+    assert {stage["img"] for stage in ablated(config, "no_resolution")["stages"].values()} == {img}
+    # the final phase keeps the earlier phases' mosaic (yolov5's default): only its own mosaic 0 is taken away
+    assert _differences("no_close_mosaic", config) == {("highres", "hyp")}
+    assert config["stages"]["highres"]["hyp"]["mosaic"] == 0.0
+    assert "mosaic" not in ablated(config, "no_close_mosaic")["stages"]["highres"]["hyp"]
+    assert "mosaic" not in config["stage_defaults"]["hyp"]
 
 
 def _run(wall, *points):
@@ -57,6 +76,7 @@ def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
         "no_continuity": _run(150, (60, 0.6), (120, 0.95)),
         "no_resolution": _run(130, (50, 0.75)),  # never reaches 0.9 or the staged best
         "no_freezing": _run(90, (30, 0.6), (70, 0.96)),
+        "no_close_mosaic": _run(100, (40, 0.6), (80, 0.95)),  # the A/A pair of the demo: ratios of 1
     }
     repeat = analyse_repeat(runs, 160, FIXED_TARGETS)
     assert repeat["targets"][BEST] == 0.95
@@ -64,6 +84,7 @@ def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
     assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["kind"].startswith("lower bound")
     assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] == 130 / 80
     assert repeat["ratio_vs_staged"]["no_freezing"][BEST]["ratio"] == 70 / 80
+    assert repeat["ratio_vs_staged"]["no_close_mosaic"]["0.9"] == {"ratio": 1.0, "kind": "measured"}
     summary = summarise([repeat, repeat, repeat], FIXED_TARGETS)
     assert summary["ratio_vs_staged"]["no_continuity"]["0.5"]["ratio"]["median"] == 1.5
     assert summary["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] is None  # bounds are not medians
