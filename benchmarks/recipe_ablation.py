@@ -54,6 +54,22 @@ asks which part costs the accuracy. Targets 0.2, 0.4 and 0.583, with `staged_bes
 data set from this date: `no_close_mosaic`, the same stages with each stage's own `mosaic` setting removed, so the
 final phase trains with the mosaic the earlier phases use (yolov5's 1.0 on the untuned sets). On the demo, whose
 stage_defaults keep mosaic off in every stage, that side trains what `staged` trains: an A/A pair there.
+
+The cut itself: `split_only` and `one_run` (added 2026-12-05 afternoon, this paragraph and its reading written
+before any figure of either side). On det320 the recipe ends below the fair control even with every phase at 320 px
+(no_resolution 0.473 against naive_vs_staged_det320's 30-epoch control at 0.43-0.66). This pair asks whether cutting
+one training into continuing stages costs accuracy by itself, apart from what the phases change. `one_run`: one stage
+(`train`), the recipe's epochs in all (30 on det320) at the target size, freeze 0, stage_defaults' mosaic (yolov5's
+1.0 on the untuned sets), validated every epoch, from the model: the fair control's training, through the same
+pipeline and its start-up. `split_only`: the recipe's stages with their epochs and LR line, every one at the target
+size, freeze 0, no stall handover, no stage's own mosaic, validated every epoch: one_run cut at the recipe's
+boundaries. What still differs is what the cut brings: three stage boundaries, the warmup capped at the first stage's
+2 epochs (one_run's is yolov5's 3), the stages' straight LR line against yolov5's own schedule (one epoch behind),
+each stage's own random stream, and the trained weights handed over as the fp16 copy yolov5 writes into a checkpoint.
+Run with `--sides split_only,one_run` (`staged` always runs: the ratios divide by it), targets the data set's and
+`staged_best`. Reading, fixed in advance: per seed, split_only's best mAP50 minus one_run's; below -0.03 at every
+seed, the cut itself loses accuracy (a defect to find in the continuation); otherwise the recipe's deficit is its
+phases', which the other sides apportion. split_only's wall minus one_run's is what the boundaries cost here.
 """
 
 from __future__ import annotations
@@ -83,7 +99,8 @@ from naive_vs_staged import (  # noqa: E402
     untuned_config,
 )
 
-SIDES = ("staged", "no_continuity", "no_resolution", "no_freezing", "no_close_mosaic")
+SIDES = ("staged", "no_continuity", "no_resolution", "no_freezing", "no_close_mosaic")  # what a bare run runs
+CUT_SIDES = ("split_only", "one_run")  # the cut itself, against the same training in one stage: --sides
 BEST = "staged_best"
 # Per data set: the target size every side is judged at, and the fixed targets (the design's).
 JUDGED = {
@@ -113,9 +130,11 @@ def recipe(dataset: str) -> dict:
 
 
 def ablated(config: dict, side: str) -> dict:
-    """The shipped recipe with one part taken out."""
+    """The shipped recipe with one part taken out, or (CUT_SIDES) with every phase taken out."""
     out = copy.deepcopy(config)
     out["run"] = f"{config['run']}_{side}"
+    if side in CUT_SIDES:
+        return _uncut(out) if side == "one_run" else _cut_only(out)
     stages = out["stages"]
     first = next(iter(stages))
     for name, stage in stages.items():
@@ -130,6 +149,25 @@ def ablated(config: dict, side: str) -> dict:
     return out
 
 
+def _cut_only(config: dict) -> dict:
+    """The recipe's stages, epochs and LR line with no phase left: each at the target size, trainable, without a
+    stall handover or its own mosaic, validated every epoch."""
+    for stage in config["stages"].values():
+        for key in ("img", "freeze", "handover_on_stall"):
+            stage.pop(key, None)
+        stage["hyp"] = {k: v for k, v in stage.get("hyp", {}).items() if k != "mosaic"}
+        stage["val_period"] = 1
+    return config
+
+
+def _uncut(config: dict) -> dict:
+    """The same training in one stage: the recipe's epochs in all, at stage_defaults (the fair control's settings)."""
+    epochs = sum(stage["epochs"] for stage in config["stages"].values())
+    config["stages"] = {"train": {"epochs": epochs, "start_from": "model", "val_period": 1}}
+    config["stage_order"] = ["train"]
+    return config
+
+
 def analyse_repeat(runs: dict, img: int, fixed: tuple) -> dict:
     staged_best = best_map(runs["staged"]["rows"], img)
     targets = {**{str(t): t for t in fixed}, BEST: staged_best}
@@ -140,8 +178,9 @@ def analyse_repeat(runs: dict, img: int, fixed: tuple) -> dict:
         out["time_s"][side] = {
             name: first_reaching(run["rows"], t, img) if t is not None else None for name, t in targets.items()
         }
-    for side in SIDES[1:]:
-        out["ratio_vs_staged"][side] = {name: _ratio(out, side, name) for name in targets}
+    for side in runs:
+        if side != "staged":
+            out["ratio_vs_staged"][side] = {name: _ratio(out, side, name) for name in targets}
     return out
 
 
@@ -156,14 +195,19 @@ def _ratio(repeat: dict, side: str, target: str) -> dict:
 
 def summarise(repeats: list[dict], fixed: tuple) -> dict:
     summary = {"best_map50": {}, "wall_s": {}, "ratio_vs_staged": {}}
-    for side in SIDES:
+    for side in _sides(repeats[0]):
         summary["best_map50"][side] = spread([r["best_map50"][side] for r in repeats])
         summary["wall_s"][side] = spread([r["wall_s"][side] for r in repeats])
-    for side in SIDES[1:]:
+    for side in repeats[0]["ratio_vs_staged"]:
         summary["ratio_vs_staged"][side] = {
             name: _ratio_cells([r["ratio_vs_staged"][side][name] for r in repeats]) for name in (*map(str, fixed), BEST)
         }
     return summary
+
+
+def _sides(repeat: dict) -> list[str]:
+    """The sides a repeat ran, in the design's order (staged first)."""
+    return [side for side in (*SIDES, *CUT_SIDES) if side in repeat["best_map50"]]
 
 
 def _ratio_cells(cells: list[dict]) -> dict:
@@ -189,7 +233,7 @@ def markdown(result: dict) -> list[str]:
         "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in (*map(str, fixed), BEST)),
         "|---|---|---|" + "---|" * (len(fixed) + 1),
     ]
-    for side in SIDES:
+    for side in s["best_map50"]:
         ratios = s["ratio_vs_staged"].get(side)
         cells = [_cell(ratios[n]["ratio"]) + _bounds(ratios[n]) for n in ratios] if ratios else ["1"] * (len(fixed) + 1)
         lines.append(f"| {side} | {_cell(s['best_map50'][side])} | {_cell(s['wall_s'][side])} | {' | '.join(cells)} |")
@@ -204,7 +248,7 @@ def _repeat_rows(repeats: list[dict], fixed: tuple) -> list[str]:
         "|---:|---:|---|---:|---:|" + "---:|" * len(names),
     ]
     for index, repeat in enumerate(repeats):
-        for side in SIDES:
+        for side in _sides(repeat):
             times = [repeat["time_s"][side][n] for n in names]
             cells = " | ".join("—" if t is None else f"{t:.0f}" for t in times)
             best = repeat["best_map50"][side]
@@ -232,11 +276,21 @@ def main(argv=None):
     ap.add_argument("--dataset", choices=sorted(JUDGED), default="demo")
     ap.add_argument("--name", default=None, help="results file (default recipe_ablation, or recipe_ablation_<dataset>)")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument(
+        "--sides",
+        type=lambda text: tuple(dict.fromkeys(("staged", *text.split(",")))),
+        default=SIDES,
+        help=f"comma-separated sides to run beside staged, of {', '.join((*SIDES[1:], *CUT_SIDES))} (default: "
+        "the ablation's four)",
+    )
     add_seeds_argument(ap)
     ap.add_argument("--smoke", action="store_true", help="1 repeat, every stage one epoch: checks the script runs")
     a = ap.parse_args(argv)
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
+    unknown = set(a.sides) - {*SIDES, *CUT_SIDES}
+    if unknown:
+        raise SystemExit(f"--sides: unknown {sorted(unknown)}; known: {', '.join((*SIDES[1:], *CUT_SIDES))}")
     suffix = "" if a.dataset == "demo" else f"_{a.dataset}"
     a.name = a.name or f"recipe_ablation{suffix}"
     a.workdir = a.workdir or WORK / f"recipe_ablation{suffix}"
@@ -248,7 +302,7 @@ def main(argv=None):
         config["stages"] = {k: {**v, "epochs": 1} for k, v in config["stages"].items()}
     repeats, runs = [], []
     for index in range(a.repeats):
-        order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
+        order = a.sides[index % len(a.sides) :] + a.sides[: index % len(a.sides)]
         seed = seed_of(a.seeds, index)
         done = {
             side: run_staged(seeded(ablated(config, side), seed), a.workdir / f"r{index}" / side, side)
@@ -267,7 +321,7 @@ def main(argv=None):
             "repeats": len(repeats),
             "machine": machine_info(),
             "benchmark_wall_s": time.time() - started,
-            "configs": {side: ablated(config, side)["stages"] for side in SIDES},
+            "configs": {side: ablated(config, side)["stages"] for side in a.sides},
             "per_repeat": repeats,
             "summary": summarise(repeats, fixed),
             "runs": runs,

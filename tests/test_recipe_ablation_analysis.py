@@ -1,6 +1,7 @@
 """The recipe_ablation benchmark's sides and analysis: each side takes out exactly one part of the shipped recipe,
 and its ratio to the shipped recipe is measured, bounded or absent as the design says (synthetic rows)."""
 
+import copy
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -109,3 +110,43 @@ def test_repeat_i_trains_every_side_at_seed_i_and_leaves_the_recipe_as_it_was(mo
     assert sorted(trained) == sorted((f"r{i}", side, 7 + i) for i in range(3) for side in SIDES)
     assert [r["seed"] for r in saved[-1]["per_repeat"]] == [7, 8, 9]
     assert "seed" not in recipe["stage_defaults"]
+
+
+def test_the_cut_sides_are_one_training_cut_at_the_recipes_boundaries_and_the_same_training_uncut():
+    recipe = yaml.safe_load(yaml.safe_dump(SHIPPED))
+    recipe["stages"]["frozen"]["handover_on_stall"] = 0.25
+    before = copy.deepcopy(recipe)
+    split, whole = ablated(recipe, "split_only"), ablated(recipe, "one_run")
+    assert list(split["stages"]) == list(recipe["stages"])
+    for name, stage in split["stages"].items():
+        # only the cut is left: the stage's epochs, LR line (hyp.lrf), start and checkpointing are the recipe's
+        assert {key: stage.get(key) for key in ("epochs", "start_from", "nosave")} == {
+            key: recipe["stages"][name].get(key) for key in ("epochs", "start_from", "nosave")
+        }
+        assert stage["hyp"] == {k: v for k, v in recipe["stages"][name]["hyp"].items() if k != "mosaic"}
+        assert not {"img", "freeze", "handover_on_stall"} & set(stage) and stage["val_period"] == 1
+    epochs = sum(stage["epochs"] for stage in recipe["stages"].values())
+    assert whole["stage_order"] == ["train"]
+    assert whole["stages"] == {"train": {"epochs": epochs, "start_from": "model", "val_period": 1}}
+    assert whole["stage_defaults"] == recipe["stage_defaults"]  # the fair control's settings, untouched
+    assert recipe == before  # the recipe the other sides are cut from is left as it was
+
+
+def test_sides_runs_staged_and_the_named_sides_only(monkeypatch, tmp_path):
+    trained, saved = [], []
+
+    def fake_run(config, workdir, side):
+        trained.append(side)
+        return _run(10, (5, 0.6), (8, 0.95))
+
+    monkeypatch.setattr(recipe_ablation, "recipe", lambda dataset: yaml.safe_load(yaml.safe_dump(SHIPPED)))
+    monkeypatch.setattr(recipe_ablation, "run_staged", fake_run)
+    monkeypatch.setattr(recipe_ablation, "save", lambda name, result, lines: saved.append((result, lines)))
+    recipe_ablation.main(["--sides", "split_only,one_run", "--workdir", str(tmp_path)])
+    assert sorted(trained) == sorted(["staged", "split_only", "one_run"] * 3)
+    result, lines = saved[-1]
+    assert list(result["summary"]["best_map50"]) == ["staged", "split_only", "one_run"]
+    assert set(result["summary"]["ratio_vs_staged"]) == {"split_only", "one_run"}
+    assert any(line.startswith("| one_run |") for line in lines)
+    with pytest.raises(SystemExit, match="unknown"):
+        recipe_ablation.main(["--sides", "no_such_side", "--workdir", str(tmp_path)])
