@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -131,10 +132,14 @@ def run_uuid(console: str) -> str:
 
 
 def sacct_jobs(env, *selection: str) -> list[dict[str, str]]:
-    """One row per job (its allocation, not its steps), as the accounting database has it."""
+    """One row per job (its allocation, not its steps), as the accounting database has it.
+
+    sacct's window opens at midnight today unless told otherwise: a run that crosses midnight would lose the jobs
+    that started before it (as the plugin does, open the window two days back)."""
     fields = ["JobID", "State", "ReqCPUS", "ReqMem", "Timelimit", "Comment"]
+    since = f"{datetime.now() - timedelta(days=2):%Y-%m-%dT%H:00}"
     out = subprocess.run(
-        ["sacct", "-X", "-P", "-n", "-o", ",".join(f + "%200" for f in fields), *selection],
+        ["sacct", "-X", "-P", "-n", "--starttime", since, "-o", ",".join(f + "%200" for f in fields), *selection],
         capture_output=True,
         text=True,
         env=env,
