@@ -70,6 +70,21 @@ Run with `--sides split_only,one_run` (`staged` always runs: the ratios divide b
 `staged_best`. Reading, fixed in advance: per seed, split_only's best mAP50 minus one_run's; below -0.03 at every
 seed, the cut itself loses accuracy (a defect to find in the continuation); otherwise the recipe's deficit is its
 phases', which the other sides apportion. split_only's wall minus one_run's is what the boundaries cost here.
+
+The smaller phase's savings spent on epochs: `equal_time` (added 2026-12-06, this paragraph and its reading written
+after recipe_ablation_det320_cut.md and before any figure of this side). There the recipe trained the same 30 epochs
+as one_run in less time (249 s against 317 s, medians) and ended lower (0.402 against 0.532): its 256-px phases
+bought the early targets and lost the end. Progressive-resizing recipes in the literature spend what a smaller size
+saves on more epochs in the same time. `equal_time` is the recipe (`staged`) with its fine-tune, the phase at the
+smaller size, lengthened until the recipe's wall matches one_run's: the 68 s between the medians, at the fine-tune's
+6.2 s per 256-px epoch (its job's 115-119 s over 18 epochs, validated every third), buy 11 epochs, so 29 fine-tune
+epochs (41 in all; EQUAL_TIME_FINETUNE), every stage's hyp.lrf recomputed so that the stages still fall along one
+line from lr0 to lr0/100 (naive_vs_staged.linear_lrf); nothing else changes. Only det320 has the figures this rests
+on. Run with `--sides one_run,equal_time`; a further target, `one_run_best` (one_run's best mAP50 in that repeat),
+is added wherever one_run runs. Reading, fixed in advance: per seed, equal_time's best mAP50 minus one_run's and its
+wall minus one_run's. At least 0 at two seeds of three, with equal_time's median wall at most 1.05x one_run's: the
+smaller phase pays for itself on this CPU when its savings buy epochs. Otherwise it does not pay here either way,
+and the recipe's phases cannot make it beat one run at this budget on this machine.
 """
 
 from __future__ import annotations
@@ -92,6 +107,7 @@ from naive_vs_staged import (  # noqa: E402
     best_map,
     demo_inputs,
     first_reaching,
+    linear_lrf,
     run_staged,
     seed_of,
     seeded,
@@ -101,7 +117,12 @@ from naive_vs_staged import (  # noqa: E402
 
 SIDES = ("staged", "no_continuity", "no_resolution", "no_freezing", "no_close_mosaic")  # what a bare run runs
 CUT_SIDES = ("split_only", "one_run")  # the cut itself, against the same training in one stage: --sides
+SPEND_SIDES = ("equal_time",)  # the smaller phase's savings spent on epochs: --sides
+# equal_time's fine-tune epochs, from the figures the design names (only det320 has them).
+EQUAL_TIME_FINETUNE = {"det320": 29}
 BEST = "staged_best"
+ONE_RUN_BEST = "one_run_best"  # a target wherever one_run ran
+KNOWN = (*SIDES, *CUT_SIDES, *SPEND_SIDES)
 # Per data set: the target size every side is judged at, and the fixed targets (the design's).
 JUDGED = {
     "demo": (DEMO_EVAL_IMG, FIXED_TARGETS),
@@ -129,12 +150,15 @@ def recipe(dataset: str) -> dict:
     return untuned_config(dataset, data.resolve(), inputs["weights"], JUDGED[dataset][0], spec.frozen, spec.finetune)
 
 
-def ablated(config: dict, side: str) -> dict:
-    """The shipped recipe with one part taken out, or (CUT_SIDES) with every phase taken out."""
+def ablated(config: dict, side: str, dataset: str | None = None) -> dict:
+    """The shipped recipe with one part taken out, (CUT_SIDES) with every phase taken out, or (equal_time) with its
+    fine-tune lengthened to one_run's wall on ``dataset``."""
     out = copy.deepcopy(config)
     out["run"] = f"{config['run']}_{side}"
     if side in CUT_SIDES:
         return _uncut(out) if side == "one_run" else _cut_only(out)
+    if side == "equal_time":
+        return _lengthened(out, EQUAL_TIME_FINETUNE[dataset])
     stages = out["stages"]
     first = next(iter(stages))
     for name, stage in stages.items():
@@ -160,6 +184,16 @@ def _cut_only(config: dict) -> dict:
     return config
 
 
+def _lengthened(config: dict, finetune_epochs: int) -> dict:
+    """The recipe with ``finetune_epochs`` in its fine-tune, every stage's lrf re-fitted to the one LR line."""
+    stages = config["stages"]
+    stages["finetune"]["epochs"] = finetune_epochs
+    lrfs = linear_lrf([stage["epochs"] for stage in stages.values()])
+    for stage, lrf in zip(stages.values(), lrfs):
+        stage["hyp"] = {**stage.get("hyp", {}), "lrf": lrf}
+    return config
+
+
 def _uncut(config: dict) -> dict:
     """The same training in one stage: the recipe's epochs in all, at stage_defaults (the fair control's settings)."""
     epochs = sum(stage["epochs"] for stage in config["stages"].values())
@@ -169,8 +203,9 @@ def _uncut(config: dict) -> dict:
 
 
 def analyse_repeat(runs: dict, img: int, fixed: tuple) -> dict:
-    staged_best = best_map(runs["staged"]["rows"], img)
-    targets = {**{str(t): t for t in fixed}, BEST: staged_best}
+    targets = {**{str(t): t for t in fixed}, BEST: best_map(runs["staged"]["rows"], img)}
+    if "one_run" in runs:
+        targets[ONE_RUN_BEST] = best_map(runs["one_run"]["rows"], img)
     out = {"targets": targets, "best_map50": {}, "wall_s": {}, "time_s": {}, "ratio_vs_staged": {}}
     for side, run in runs.items():
         out["best_map50"][side] = best_map(run["rows"], img)
@@ -193,21 +228,21 @@ def _ratio(repeat: dict, side: str, target: str) -> dict:
     return {"ratio": other / staged, "kind": "measured"}
 
 
-def summarise(repeats: list[dict], fixed: tuple) -> dict:
+def summarise(repeats: list[dict]) -> dict:
     summary = {"best_map50": {}, "wall_s": {}, "ratio_vs_staged": {}}
     for side in _sides(repeats[0]):
         summary["best_map50"][side] = spread([r["best_map50"][side] for r in repeats])
         summary["wall_s"][side] = spread([r["wall_s"][side] for r in repeats])
     for side in repeats[0]["ratio_vs_staged"]:
         summary["ratio_vs_staged"][side] = {
-            name: _ratio_cells([r["ratio_vs_staged"][side][name] for r in repeats]) for name in (*map(str, fixed), BEST)
+            name: _ratio_cells([r["ratio_vs_staged"][side][name] for r in repeats]) for name in repeats[0]["targets"]
         }
     return summary
 
 
 def _sides(repeat: dict) -> list[str]:
     """The sides a repeat ran, in the design's order (staged first)."""
-    return [side for side in (*SIDES, *CUT_SIDES) if side in repeat["best_map50"]]
+    return [side for side in KNOWN if side in repeat["best_map50"]]
 
 
 def _ratio_cells(cells: list[dict]) -> dict:
@@ -223,26 +258,26 @@ def _rounded(value):
 
 
 def markdown(result: dict) -> list[str]:
-    s, (img, fixed) = result["summary"], JUDGED[result["dataset"]]
+    s, img = result["summary"], JUDGED[result["dataset"]][0]
+    names = list(result["per_repeat"][0]["targets"])
     lines = [
         "# recipe_ablation",
         "",
         f"{result['dataset']} at {img} px, {result['repeats']} repeats; medians (min-max). Ratio = side / staged time "
         "to the target (above 1: the part taken out saves time).",
         "",
-        "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in (*map(str, fixed), BEST)),
-        "|---|---|---|" + "---|" * (len(fixed) + 1),
+        "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in names),
+        "|---|---|---|" + "---|" * len(names),
     ]
     for side in s["best_map50"]:
         ratios = s["ratio_vs_staged"].get(side)
-        cells = [_cell(ratios[n]["ratio"]) + _bounds(ratios[n]) for n in ratios] if ratios else ["1"] * (len(fixed) + 1)
+        cells = [_cell(ratios[n]["ratio"]) + _bounds(ratios[n]) for n in ratios] if ratios else ["1"] * len(names)
         lines.append(f"| {side} | {_cell(s['best_map50'][side])} | {_cell(s['wall_s'][side])} | {' | '.join(cells)} |")
-    return lines + ["", *_repeat_rows(result["per_repeat"], fixed)]
+    return lines + ["", *_repeat_rows(result["per_repeat"], names)]
 
 
-def _repeat_rows(repeats: list[dict], fixed: tuple) -> list[str]:
+def _repeat_rows(repeats: list[dict], names: list[str]) -> list[str]:
     """Every side of every repeat: its seed, best mAP50, wall and seconds to each target (— = never reached)."""
-    names = (*map(str, fixed), BEST)
     lines = [
         "| repeat | seed | side | best mAP50 | wall s | " + " | ".join(f"s to {n}" for n in names) + " |",
         "|---:|---:|---|---:|---:|" + "---:|" * len(names),
@@ -280,17 +315,18 @@ def main(argv=None):
         "--sides",
         type=lambda text: tuple(dict.fromkeys(("staged", *text.split(",")))),
         default=SIDES,
-        help=f"comma-separated sides to run beside staged, of {', '.join((*SIDES[1:], *CUT_SIDES))} (default: "
-        "the ablation's four)",
+        help=f"comma-separated sides to run beside staged, of {', '.join(KNOWN[1:])} (default: the ablation's four)",
     )
     add_seeds_argument(ap)
     ap.add_argument("--smoke", action="store_true", help="1 repeat, every stage one epoch: checks the script runs")
     a = ap.parse_args(argv)
     if a.repeats < 3 and not a.smoke:
         raise SystemExit("--repeats: the design needs at least 3")
-    unknown = set(a.sides) - {*SIDES, *CUT_SIDES}
+    unknown = set(a.sides) - set(KNOWN)
     if unknown:
-        raise SystemExit(f"--sides: unknown {sorted(unknown)}; known: {', '.join((*SIDES[1:], *CUT_SIDES))}")
+        raise SystemExit(f"--sides: unknown {sorted(unknown)}; known: {', '.join(KNOWN[1:])}")
+    if "equal_time" in a.sides and a.dataset not in EQUAL_TIME_FINETUNE:
+        raise SystemExit(f"--sides equal_time: measured for {', '.join(EQUAL_TIME_FINETUNE)} only, not {a.dataset}")
     suffix = "" if a.dataset == "demo" else f"_{a.dataset}"
     a.name = a.name or f"recipe_ablation{suffix}"
     a.workdir = a.workdir or WORK / f"recipe_ablation{suffix}"
@@ -305,7 +341,7 @@ def main(argv=None):
         order = a.sides[index % len(a.sides) :] + a.sides[: index % len(a.sides)]
         seed = seed_of(a.seeds, index)
         done = {
-            side: run_staged(seeded(ablated(config, side), seed), a.workdir / f"r{index}" / side, side)
+            side: run_staged(seeded(ablated(config, side, a.dataset), seed), a.workdir / f"r{index}" / side, side)
             for side in order
         }
         for side in order:
@@ -321,9 +357,9 @@ def main(argv=None):
             "repeats": len(repeats),
             "machine": machine_info(),
             "benchmark_wall_s": time.time() - started,
-            "configs": {side: ablated(config, side)["stages"] for side in a.sides},
+            "configs": {side: ablated(config, side, a.dataset)["stages"] for side in a.sides},
             "per_repeat": repeats,
-            "summary": summarise(repeats, fixed),
+            "summary": summarise(repeats),
             "runs": runs,
         }
         save(a.name, result, markdown(result))

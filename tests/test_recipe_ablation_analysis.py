@@ -86,7 +86,7 @@ def test_ratios_to_the_shipped_recipe_are_measured_or_bounded():
     assert repeat["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] == 130 / 80
     assert repeat["ratio_vs_staged"]["no_freezing"][BEST]["ratio"] == 70 / 80
     assert repeat["ratio_vs_staged"]["no_close_mosaic"]["0.9"] == {"ratio": 1.0, "kind": "measured"}
-    summary = summarise([repeat, repeat, repeat], FIXED_TARGETS)
+    summary = summarise([repeat, repeat, repeat])
     assert summary["ratio_vs_staged"]["no_continuity"]["0.5"]["ratio"]["median"] == 1.5
     assert summary["ratio_vs_staged"]["no_resolution"]["0.9"]["ratio"] is None  # bounds are not medians
     seeded_repeats = [{**repeat, "seed": seed} for seed in (0, 1, 2)]
@@ -150,3 +150,55 @@ def test_sides_runs_staged_and_the_named_sides_only(monkeypatch, tmp_path):
     assert any(line.startswith("| one_run |") for line in lines)
     with pytest.raises(SystemExit, match="unknown"):
         recipe_ablation.main(["--sides", "no_such_side", "--workdir", str(tmp_path)])
+
+
+def test_equal_time_lengthens_only_the_fine_tune_and_keeps_the_stages_on_one_lr_line(monkeypatch, tmp_path):
+    spec = replace(UNTUNED["det"], make=lambda folder, train, val: None)
+    monkeypatch.setattr(recipe_ablation, "UNTUNED", {"det": spec})
+    monkeypatch.setattr(recipe_ablation, "WORK", tmp_path)
+    monkeypatch.setattr(recipe_ablation, "demo_inputs", lambda: {"weights": Path("w.pt")})
+    config = recipe_ablation.recipe("det320")
+    before = copy.deepcopy(config)
+    longer = ablated(config, "equal_time", "det320")
+    assert config == before
+    assert [stage["epochs"] for stage in longer["stages"].values()] == [
+        2,
+        4,
+        recipe_ablation.EQUAL_TIME_FINETUNE["det320"],
+        6,
+    ]
+    for name, stage in longer["stages"].items():
+        changed = {
+            key for key in {*stage, *config["stages"][name]} if stage.get(key) != config["stages"][name].get(key)
+        }
+        assert changed <= {"epochs", "hyp"} and (name == "finetune") == ("epochs" in changed)
+        assert {k: v for k, v in stage["hyp"].items() if k != "lrf"} == {
+            k: v for k, v in config["stages"][name]["hyp"].items() if k != "lrf"
+        }
+    # each stage hands over lr0 x the product of the lrfs so far: the line ends near lr0/100 after all 41 epochs
+    # (linear_lrf rounds each lrf to two places)
+    handed_over = 1.0
+    for stage in longer["stages"].values():
+        handed_over *= stage["hyp"]["lrf"]
+    assert handed_over == pytest.approx(0.01, rel=0.1)
+    assert longer["stages"]["finetune"]["hyp"]["lrf"] < config["stages"]["finetune"]["hyp"]["lrf"]
+    with pytest.raises(KeyError):
+        ablated(config, "equal_time", "demo")  # no figures to size it by
+    with pytest.raises(SystemExit, match="det320 only"):
+        recipe_ablation.main(["--sides", "equal_time", "--workdir", str(tmp_path)])
+
+
+def test_where_one_run_ran_its_best_is_a_target_of_every_side():
+    runs = {
+        "staged": _run(100, (40, 0.6), (80, 0.7)),
+        "one_run": _run(120, (60, 0.6), (110, 0.8)),
+        "equal_time": _run(118, (50, 0.6), (100, 0.81)),
+    }
+    repeat = analyse_repeat(runs, 160, (0.5,))
+    assert repeat["targets"] == {"0.5": 0.5, BEST: 0.7, recipe_ablation.ONE_RUN_BEST: 0.8}
+    assert repeat["time_s"]["equal_time"][recipe_ablation.ONE_RUN_BEST] == 100
+    assert repeat["ratio_vs_staged"]["one_run"][recipe_ablation.ONE_RUN_BEST]["kind"] == "staged never reached it"
+    table = "\n".join(
+        markdown({"dataset": "det320", "repeats": 1, "summary": summarise([repeat]), "per_repeat": [repeat]})
+    )
+    assert "ratio to one_run_best" in table and "| 1 | 0 | equal_time | 0.810 | 118 | 50 | 100 | 100 |" in table
