@@ -14,11 +14,12 @@ Datasets:
   `--det-train`/`--det-val` images (default 320/80), target size `--det-img` px (default 160: what this shared
   2-core CPU allows three repeats of). yolov5's default hyp on every side: SGD, lr0 0.01, hyp.scratch-low as is
   (mosaic 1.0, obj 1.0, cls 0.5, warmup_epochs 3.0). The staged config is config.yaml with that optimizer/lr0/hyp
-  and the shipped recipe's shape (det_config): 2 + `--det-frozen` + `--det-finetune` epochs (default 30, the long
-  control budget), smoke, a short frozen phase (a third of `--det-frozen`) and the fine-tune at `--det-img` - 32
-  px, the last fifth at `--det-img` with mosaic off, the stages on one LR line (linear_lrf). It keeps config.yaml's
-  engine settings (nominal_batch 16, min_warmup_iters 0), which the fair control shares. It starts from the demo's
-  pretrained.pt: no official checkpoint can be fetched offline, and all sides start from it.
+  and the shipped recipe's shape (untuned_config): 2 + `--det-frozen` + `--det-finetune` epochs (default 30, the
+  long control budget), smoke, a short frozen phase (a third of `--det-frozen`) and the fine-tune at 0.8 of
+  `--det-img`, lengthened by what that size saves (below), the last fifth of the 30 at `--det-img` with mosaic off,
+  the stages on one LR line (linear_lrf). It keeps config.yaml's engine settings (nominal_batch 16,
+  min_warmup_iters 0), which the fair control shares. It starts from the demo's pretrained.pt: no official
+  checkpoint can be fetched offline, and all sides start from it.
 - `mixed` (added 2026-12-03, this paragraph written before its first figures): benchmarks/make_mixed.py, a second
   untuned set unlike both (JPEGs of six sizes and both orientations, 480-960 px wide, cluttered backgrounds with
   distractor strokes, 0-7 objects of 5 classes 12-160 px across, about one image in ten without objects),
@@ -28,6 +29,23 @@ Datasets:
   320) and control budgets `--mixed-budgets` 10,20: what three repeats of every side cost on this 2-core CPU at
   320 px (about 40 min). The recipe's smaller size is 0.8 of the target in steps of 32 (untuned_config: 128 for
   det's 160, as before; 256 for 320).
+
+The smaller phases' savings spent on epochs (added 2026-12-06, this paragraph written before any figure taken with
+it). Until then the untuned recipe shared the long control budget's epochs among its phases (det: 2 + 4 + 18 at the
+smaller size, 6 at the target) and so trained for less time than the control and ended lower (det at 320 px: 0.43 /
+0.41 / 0.40 against 0.66 / 0.43 / 0.58). recipe_ablation's equal_time side (det at 320 px, seeds 0-2) gave the same
+recipe's 256-px fine-tune the epochs its savings pay for, and it beat one 30-epoch run through the pipeline at 3 of 3
+seeds (0.539 / 0.576 / 0.573 against 0.532 / 0.492 / 0.545) in 1.05x its wall. untuned_config now does the same
+for every untuned set, by a rule rather than a measured epoch time, so that it holds at any size and on any machine:
+the recipe trains as many pixels as the control's long budget (pixel_matched_finetune: the phases at the smaller
+size get (img/small)^2 times the epochs the control spends before the final fifth; det and mixed at 0.8 of the
+target size: 1.5625x). det at 160 or 320 px becomes smoke 2, frozen 4, finetune 31 at 0.8x, highres 6 at the
+target (43 epochs); mixed becomes 2, 2, 21 and 4 (29); gpu640 2, 1, 4 and 1 (8). Every stage's hyp.lrf is re-fitted
+to the one LR line from lr0 to lr0/100. Validation, which the recipe does at the target size and less often than the
+control, is not counted: that saving is the recipe's own. Nothing else changes, and the goals stay as below. Its
+first run, det at 320 px as naive_vs_staged_det320 ran it and mixed as naive_vs_staged_mixed_seeds (`--datasets
+det,mixed --det-img 320 --det-train 160 --det-val 40 --name naive_vs_staged_spent`), writes naive_vs_staged_spent;
+those two files, the earlier shape at the same seeds, are the before.
 
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
@@ -146,8 +164,8 @@ SIZE_FIELDS = ("train", "val", "img", "frozen", "finetune")
 
 # gpu640: det on the GPU kit's 640-px load (3000/300 JPEGs), every side in one repeat, sized to fit one repeat in
 # under 8 minutes on one H200 from the 2026-12 evidence run's 11 s per epoch (yolov5s, 640 px, batch 64) and its
-# 60-90 s of pipeline start-up: controls of 3 and 6 epochs, the staged recipe and the restart recipe 6 epochs each
-# (staged: smoke 2, frozen 1, finetune 2 at 512 px, highres 1 at 640), the newcomer stopped at 60 s. Not yet run.
+# 60-90 s of pipeline start-up: controls of 3 and 6 epochs, the restart recipe 6 epochs, the staged recipe 8 (smoke 2,
+# frozen 1, finetune 4 at 512 px: the pixels of 6 at 640, highres 1 at 640), the newcomer stopped at 60 s. Not yet run.
 PRESETS = {
     "gpu640": {
         "datasets": "det",
@@ -199,20 +217,36 @@ def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:
     return lrfs
 
 
-def untuned_config(name: str, data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int) -> dict:
+def pixel_matched_finetune(total: int, img: int, small: int, early: int, final: int) -> int:
+    """The fine-tune epochs at ``small`` px that make the recipe train no more pixels than ``total`` epochs at
+    ``img``: ``early`` epochs at ``small`` before it and ``final`` at ``img`` after it. An epoch's cost grows with
+    its image area, so what the smaller phases save buys (img/small)^2 times their epochs, less the ones already
+    spent (det at 320 px: 6 early, 6 final of 30 give 31 fine-tune epochs at 256 px, 43 in all)."""
+    budget = (total - final) * img * img  # what is left for the phases at the smaller size, in pixel-epochs
+    return max(1, budget // (small * small) - early)
+
+
+def untuned_config(
+    name: str, data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int, spend_savings: bool = True
+) -> dict:
     """The shipped recipe's shape on an untuned set: smoke, a short frozen phase (validated every epoch, handed over
     when its gain stalls, as config.yaml's) and the fine-tune at the shipped recipe's smaller size (0.8 of ``img``,
-    in steps of 32: 128 for 160 as config.yaml, 256 for 320), the last fifth at ``img`` with mosaic off;
-    ``frozen + finetune + 2`` epochs in all, one LR line."""
+    in steps of 32: 128 for 160 as config.yaml, 256 for 320), the last fifth of ``total = frozen + finetune + 2``
+    epochs at ``img`` with mosaic off, one LR line. With ``spend_savings`` the fine-tune gets the epochs its smaller
+    size saves (pixel_matched_finetune); without, the phases share the ``total`` epochs (the shape until 2026-12-06,
+    which recipe_ablation keeps)."""
     config = base_config(data_yaml, weights, name)
     defaults = config["stage_defaults"]
     defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
     total = 2 + frozen + finetune
     final = max(1, round(total / 5))
     frozen_part = max(1, frozen // 3)
-    epochs = [2, frozen_part, total - 2 - frozen_part - final, final]
-    lrf = linear_lrf(epochs)
     small = max(64, round(0.8 * img / 32) * 32)
+    tune = total - 2 - frozen_part - final
+    if spend_savings:
+        tune = pixel_matched_finetune(total, img, small, 2 + frozen_part, final)
+    epochs = [2, frozen_part, tune, final]
+    lrf = linear_lrf(epochs)
     config["stages"] = {
         "smoke": {
             "epochs": epochs[0],

@@ -147,7 +147,9 @@ def recipe(dataset: str) -> dict:
     data = WORK / "recipe_ablation_inputs" / f"{source}_data_{train}_{val}" / "data.yaml"
     if not data.exists():
         spec.make(str(data.parent), train, val)
-    return untuned_config(dataset, data.resolve(), inputs["weights"], JUDGED[dataset][0], spec.frozen, spec.finetune)
+    img = JUDGED[dataset][0]
+    # the shape every side here was designed and measured on: the phases share the fair control's epochs
+    return untuned_config(dataset, data.resolve(), inputs["weights"], img, spec.frozen, spec.finetune, False)
 
 
 def ablated(config: dict, side: str, dataset: str | None = None) -> dict:

@@ -3,8 +3,11 @@
 Synthetic rows stand in for the poller's stamps: the rules under test are the design's (same image size only,
 the control's best budget per target, bounds labelled), not the timings."""
 
+import math
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -17,6 +20,7 @@ from naive_vs_staged import (  # noqa: E402
     restart_config,
     seeded,
     summarise,
+    untuned_config,
     untuned_restart_stages,
 )
 
@@ -133,3 +137,28 @@ def test_a_repeats_seed_reaches_every_stage_of_both_recipes_and_the_control(tmp_
     control = {**seeded(base, 1), "stage_order": ["control"], "stages": {"control": {"epochs": 5}}}
     assert stage_spec(control, "control")["seed"] == 1
     assert "seed" not in base["stage_defaults"]  # the shared config is copied, not changed
+
+
+def _pixels(config):
+    target = config["stage_defaults"]["img"]
+    return sum(stage["epochs"] * stage.get("img", target) ** 2 for stage in config["stages"].values())
+
+
+def test_the_untuned_recipe_spends_what_its_smaller_size_saves_on_fine_tune_epochs(tmp_path):
+    data, weights = tmp_path / "data.yaml", tmp_path / "pretrained.pt"
+    for img, frozen, finetune in ((320, 14, 14), (160, 14, 14), (320, 6, 12), (640, 2, 2)):
+        control_epochs = 2 + frozen + finetune
+        shared = untuned_config("det", data, weights, img, frozen, finetune, spend_savings=False)
+        spent = untuned_config("det", data, weights, img, frozen, finetune)
+        assert sum(stage["epochs"] for stage in shared["stages"].values()) == control_epochs
+        # as many pixels as the control's long budget: one more fine-tune epoch would train more
+        control_pixels = control_epochs * img**2
+        small = spent["stages"]["finetune"]["img"]
+        assert _pixels(spent) <= control_pixels < _pixels(spent) + small**2
+        changed = {
+            name for name, stage in spent["stages"].items() if stage["epochs"] != shared["stages"][name]["epochs"]
+        }
+        assert changed == {"finetune"}
+        # the stages still hand the LR down one line to about lr0/100 (each lrf is rounded to two places)
+        assert math.prod(stage["hyp"]["lrf"] for stage in spent["stages"].values()) == pytest.approx(0.01, rel=0.15)
+    assert [s["epochs"] for s in untuned_config("det", data, weights, 320, 14, 14)["stages"].values()] == [2, 4, 31, 6]
