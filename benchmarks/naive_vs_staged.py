@@ -47,6 +47,13 @@ first run, det at 320 px as naive_vs_staged_det320 ran it and mixed as naive_vs_
 det,mixed --det-img 320 --det-train 160 --det-val 40 --name naive_vs_staged_spent`), writes naive_vs_staged_spent;
 those two files, the earlier shape at the same seeds, are the before.
 
+Amended after that run (2026-12-06; no target changed): the rule counted the savings at the configured smaller size,
+but img_from_boxes trains a phase at the size its boxes need, capped at the target, and mixed's boxes need 1280 px,
+so mixed trained 2, 2, 21, 4 epochs all at 320 px: 1.45x the control's pixels, not the design's shape. The rule now
+counts the size each phase will train at (boxes_need_for reads the training boxes as prepare_dataset will), which
+gives mixed the control's 20 epochs (2, 2, 12, 4, the shape naive_vs_staged_mixed_seeds_59e82cd measured) and leaves
+det at 320 px (boxes need 224) at 2, 4, 31, 6; det at 160 px, whose phases train at 160, keeps 2, 4, 18, 6.
+
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
   model.weights = the pretrained.pt. Clock: from the snakemake call's start (Snakemake's start-up, verify_env,
@@ -227,14 +234,23 @@ def pixel_matched_finetune(total: int, img: int, small: int, early: int, final: 
 
 
 def untuned_config(
-    name: str, data_yaml: Path, weights: Path, img: int, frozen: int, finetune: int, spend_savings: bool = True
+    name: str,
+    data_yaml: Path,
+    weights: Path,
+    img: int,
+    frozen: int,
+    finetune: int,
+    spend_savings: bool = True,
+    boxes_need: int | None = None,
 ) -> dict:
     """The shipped recipe's shape on an untuned set: smoke, a short frozen phase (validated every epoch, handed over
     when its gain stalls, as config.yaml's) and the fine-tune at the shipped recipe's smaller size (0.8 of ``img``,
     in steps of 32: 128 for 160 as config.yaml, 256 for 320), the last fifth of ``total = frozen + finetune + 2``
     epochs at ``img`` with mosaic off, one LR line. With ``spend_savings`` the fine-tune gets the epochs its smaller
     size saves (pixel_matched_finetune); without, the phases share the ``total`` epochs (the shape until 2026-12-06,
-    which recipe_ablation keeps)."""
+    which recipe_ablation keeps). ``boxes_need`` is the dataset report's min_img_for_95pct_at_stride: the savings
+    are counted at the size the phases train at after img_from_boxes (mixed's boxes keep every phase at 320 px, so
+    there is nothing to spend and the shape stays the control's epochs)."""
     config = base_config(data_yaml, weights, name)
     defaults = config["stage_defaults"]
     defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
@@ -244,7 +260,10 @@ def untuned_config(
     small = max(64, round(0.8 * img / 32) * 32)
     tune = total - 2 - frozen_part - final
     if spend_savings:
-        tune = pixel_matched_finetune(total, img, small, 2 + frozen_part, final)
+        from stagedyolo.recipe import stage_img
+
+        trained = stage_img({"img": small, "target_img": img, "img_from_boxes": True}, boxes_need)[0]
+        tune = pixel_matched_finetune(total, img, trained, 2 + frozen_part, final)
     epochs = [2, frozen_part, tune, final]
     lrf = linear_lrf(epochs)
     config["stages"] = {
@@ -608,6 +627,15 @@ def demo_inputs() -> dict:
     return {"weights": weights.resolve(), "demo": demo.resolve()}
 
 
+def boxes_need_for(data_yaml: Path) -> int | None:
+    """What prepare_dataset's report will say the training boxes need (min_img_for_95pct_at_stride), read the same
+    way before the run so that the recipe's shape can count the size its phases will train at."""
+    from stagedyolo.dataset.validate import validate_dataset
+
+    train = validate_dataset(str(data_yaml))["splits"].get("train") or {}
+    return (train.get("box_short_side") or {}).get("min_img_for_95pct_at_stride")
+
+
 def dataset_plans(inputs: dict, args) -> dict:
     demo = base_config(inputs["demo"], inputs["weights"], "demo")
     plans = {
@@ -621,12 +649,14 @@ def dataset_plans(inputs: dict, args) -> dict:
     }
     for name in UNTUNED:
         img, frozen, finetune = (getattr(args, f"{name}_{field}") for field in ("img", "frozen", "finetune"))
-        config = untuned_config(name, inputs[name], inputs["weights"], img, frozen, finetune)
+        boxes_need = boxes_need_for(inputs[name])
+        config = untuned_config(name, inputs[name], inputs["weights"], img, frozen, finetune, boxes_need=boxes_need)
         plans[name] = {
             "config": config,
             "restart_config": restart_config(config, untuned_restart_stages(frozen, finetune)),
             "data": inputs[name],
             "img": img,
+            "boxes_need": boxes_need,
             "budgets": getattr(args, f"{name}_budgets"),
         }
     if args.smoke:  # every stage one epoch: checks the script, measures nothing
@@ -780,6 +810,7 @@ def write_results(a, plans: dict, runs: dict, wall_s: float) -> None:
             "budgets": plan["budgets"],
             "config": plan["config"],
             "stage_imgs": stage_imgs(plan["config"]),
+            "boxes_need": plan.get("boxes_need"),
             "repeats_done": len(repeats),
             "repeats": repeats,
             "summary": summarise(repeats),

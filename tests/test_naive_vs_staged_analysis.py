@@ -162,3 +162,19 @@ def test_the_untuned_recipe_spends_what_its_smaller_size_saves_on_fine_tune_epoc
         # the stages still hand the LR down one line to about lr0/100 (each lrf is rounded to two places)
         assert math.prod(stage["hyp"]["lrf"] for stage in spent["stages"].values()) == pytest.approx(0.01, rel=0.15)
     assert [s["epochs"] for s in untuned_config("det", data, weights, 320, 14, 14)["stages"].values()] == [2, 4, 31, 6]
+
+
+def test_the_savings_are_counted_at_the_size_the_boxes_let_the_phases_train_at(tmp_path):
+    data, weights = tmp_path / "data.yaml", tmp_path / "pretrained.pt"
+
+    def shape(img, frozen, finetune, boxes_need):
+        config = untuned_config("mixed", data, weights, img, frozen, finetune, boxes_need=boxes_need)
+        return [stage["epochs"] for stage in config["stages"].values()]
+
+    # det's boxes need 224 px: its 256-px phases at a 320 target train at 256 and save pixels to spend
+    assert shape(320, 14, 14, 224) == [2, 4, 31, 6]
+    # mixed's boxes need 1280 px: img_from_boxes keeps every phase at 320, nothing is saved, the control's 20 epochs
+    assert shape(320, 6, 12, 1280) == [2, 2, 12, 4]
+    # part-way: phases raised from 256 to 288 save (320/288)^2, not (320/256)^2
+    assert shape(320, 14, 14, 288) == [2, 4, 23, 6]
+    assert shape(320, 14, 14, None) == shape(320, 14, 14, 224)  # no box figure: the configured size
