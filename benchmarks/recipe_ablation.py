@@ -268,7 +268,7 @@ def markdown(result: dict) -> list[str]:
         f"{result['dataset']} at {img} px, {result['repeats']} repeats; medians (min-max). Ratio = side / staged time "
         "to the target (above 1: the part taken out saves time).",
         "",
-        "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in names),
+        "| side | best mAP50 | whole wall s | " + " | ".join(f"ratio to {n}" for n in names) + " |",
         "|---|---|---|" + "---|" * len(names),
     ]
     for side in s["best_map50"]:

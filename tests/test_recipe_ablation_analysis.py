@@ -201,4 +201,7 @@ def test_where_one_run_ran_its_best_is_a_target_of_every_side():
     table = "\n".join(
         markdown({"dataset": "det320", "repeats": 1, "summary": summarise([repeat]), "per_repeat": [repeat]})
     )
-    assert "ratio to one_run_best" in table and "| 1 | 0 | equal_time | 0.810 | 118 | 50 | 100 | 100 |" in table
+    assert "| ratio to one_run_best |\n" in table and "| 1 | 0 | equal_time | 0.810 | 118 | 50 | 100 | 100 |" in table
+    # every row of a markdown table has as many cells as its header
+    header, rule, *rows = table.split("\n\n")[2].split("\n")
+    assert {row.count("|") for row in rows} == {header.count("|")} == {rule.count("|")}
