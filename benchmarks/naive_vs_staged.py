@@ -262,6 +262,7 @@ def untuned_config(
     if spend_savings:
         from stagedyolo.recipe import stage_img
 
+        # these configs leave img_from_boxes at the schema's default (true), so the stages will train at this size
         trained = stage_img({"img": small, "target_img": img, "img_from_boxes": True}, boxes_need)[0]
         tune = pixel_matched_finetune(total, img, trained, 2 + frozen_part, final)
     epochs = [2, frozen_part, tune, final]
