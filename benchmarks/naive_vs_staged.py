@@ -650,7 +650,7 @@ def dataset_plans(inputs: dict, args) -> dict:
     }
     for name in UNTUNED:
         img, frozen, finetune = (getattr(args, f"{name}_{field}") for field in ("img", "frozen", "finetune"))
-        boxes_need = boxes_need_for(inputs[name])
+        boxes_need = boxes_need_for(inputs[name]) if inputs[name].exists() else None  # a set not asked for is not made
         config = untuned_config(name, inputs[name], inputs["weights"], img, frozen, finetune, boxes_need=boxes_need)
         plans[name] = {
             "config": config,
