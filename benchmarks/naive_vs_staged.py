@@ -632,9 +632,9 @@ def boxes_need_for(data_yaml: Path) -> int | None:
     """What prepare_dataset's report will say the training boxes need (min_img_for_95pct_at_stride), read the same
     way before the run so that the recipe's shape can count the size its phases will train at."""
     from stagedyolo.dataset.validate import validate_dataset
+    from stagedyolo.recipe import boxes_need_in
 
-    train = validate_dataset(str(data_yaml))["splits"].get("train") or {}
-    return (train.get("box_short_side") or {}).get("min_img_for_95pct_at_stride")
+    return boxes_need_in(validate_dataset(str(data_yaml)))
 
 
 def dataset_plans(inputs: dict, args) -> dict:

@@ -118,7 +118,12 @@ def boxes_need_img(dataset_report: str | Path | None) -> int | None:
     prepare_dataset's dataset_report.json (None without a report or without boxes)."""
     if not dataset_report:
         return None
-    train = read_json(Path(dataset_report))["splits"].get("train") or {}
+    return boxes_need_in(read_json(Path(dataset_report)))
+
+
+def boxes_need_in(report: dict) -> int | None:
+    """boxes_need_img's figure from a dataset report already in memory (validate.validate_dataset's)."""
+    train = report["splits"].get("train") or {}
     return (train.get("box_short_side") or {}).get("min_img_for_95pct_at_stride")
 
 
