@@ -161,6 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["probe"]["reuse"] = False
+    config["probe"]["stop_when_unpaid"] = False  # the predictions are what is compared: measure them
     config["probe"]["budget_s"] = args.budgets[0]
     workdir = make_snakemake_workdir(WORK / "probe_accuracy", yaml.safe_dump(config, sort_keys=False))
     repeats = [one_repeat(workdir, index, args.budgets) for index in range(args.repeats)]

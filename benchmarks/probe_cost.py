@@ -128,6 +128,8 @@ def main() -> None:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     # Candidates listed, not auto: a baseline before probe.workers auto rejects the string, and both arms measure alike.
     config["probe"].update({"reuse": False, "budget_s": args.budget, "workers": [0, 1, 2]})
+    # The tree's default (true) without naming it: a baseline before probe.stop_when_unpaid rejects the key.
+    config["probe"].pop("stop_when_unpaid", None)
     workdir = make_snakemake_workdir(WORK / "probe_cost", yaml.safe_dump(config, sort_keys=False))
     run_snakemake(workdir, log=workdir / "setup.log", targets=(TUNING,))  # data, cache and weights, once
     old_tree, old_env = baseline_tree(baseline)

@@ -16,7 +16,14 @@ CONFIG = {
     "run": "boxes",
     "model": {"weights": None},
     "cache": {"mode": "ram"},
-    "probe": {"budget_s": 8, "seconds_per_candidate": 1, "min_steps": 4, "workers": [0], "batch": [4]},
+    "probe": {
+        "stop_when_unpaid": False,
+        "budget_s": 8,
+        "seconds_per_candidate": 1,
+        "min_steps": 4,
+        "workers": [0],
+        "batch": [4],
+    },
     "stage_defaults": {"batch": 4, "workers": 0},
     "stage_order": ["smoke", "frozen", "highres"],
     "stages": {

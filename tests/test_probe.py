@@ -16,9 +16,10 @@ from stagedyolo.probe.child import (
     WarmShapes,
     model_runs_for,
 )
-from stagedyolo.probe.reuse import reuse_key
+from stagedyolo.probe.reuse import reuse_key, unmeasured
 from stagedyolo.probe.rule import plan_request
-from stagedyolo.probe.steady import MIN_TIMED_STEPS
+from stagedyolo.probe.stages import STEADY_BASIS, compare_prediction
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget
 from stagedyolo.recipe import probe_stage_specs
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
@@ -136,6 +137,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
         "workers": [0, 1],
         "batch": [2, 4],
         "budget_s": 60,
+        "stop_when_unpaid": False,  # 3 epochs of 16 images could never repay the measuring: measure anyway
     }
     config = {
         **CONFIG,
@@ -308,6 +310,91 @@ def test_a_candidate_run_that_would_leave_the_stage_loops_too_little_time_is_not
     )
     assert ran == ["model", "model", "loader", "loader", "loader", "stage"]
     assert all(c["usable"] for c in measured["candidates"])
+
+
+def measure_cpu(request: dict) -> dict:
+    return child.measure_all(
+        request, None, None, 32, None, None, cuda=False, bf16_supported=None, gpu_total_memory_bytes=None
+    )
+
+
+def test_measuring_stops_after_the_first_model_run_when_the_rest_would_cost_more_than_the_choice_may_save(monkeypatch):
+    """The demo's shape on 2 cores: 11 epochs of 256 images at the 40 images/s the first model run shows is 70 s of
+    training; 12 % of it (8.4 s) is less than the ~15 s the rest of the probe would take."""
+    ran = fake_runs(monkeypatch, step_s=0.4)
+    measured = measure_cpu({**cpu_request(seconds_left=15.0), "planned_train_images": 11 * 256})
+    assert ran == ["model"]
+    unpaid = measured["unpaid"]
+    assert unpaid["training_s"] == 70.4 and unpaid["at_images_per_s"] == 40.0 and unpaid["choice_gain"] == 0.12
+    assert unpaid["may_save_s"] == 8.4 and 14 < unpaid["budget_left_s"] <= 15
+    not_run = measured["model"][1:] + measured["loader"]
+    assert len(not_run) == 4 and all(r["status"] == "skipped" and child.UNPAID_WHY in r["message"] for r in not_run)
+    assert measured["choice"] == {} and measured["stage_runs"] == []  # the stages keep their defaults
+
+    ran.clear()  # a training ten times longer may gain 84 s: everything is measured
+    measured = measure_cpu({**cpu_request(seconds_left=15.0), "planned_train_images": 110 * 256})
+    assert ran == ["model", "model", "loader", "loader", "loader", "stage"] and measured["unpaid"] is None
+    assert measured["choice"] and len(measured["stage_runs"]) == 1
+
+    ran.clear()  # probe.stop_when_unpaid: false measures anyway
+    request = {**cpu_request(seconds_left=15.0), "planned_train_images": 11 * 256, "stop_when_unpaid": False}
+    assert measure_cpu(request)["unpaid"] is None and ran[-1] == "stage"
+
+
+def test_on_cuda_the_probe_measures_on_unless_the_rest_would_outlast_the_whole_training():
+    """A GPU that waits on its loader trains at a fraction of its rate, so on CUDA the choice may save all of it."""
+    now = [5.0]
+    budget = MeasuringBudget(deadline=15.0, runs=6, budget_s=15.0, planned_train_images=2816, clock=lambda: now[0])
+    assert budget.unpaid(cuda=True) is None  # no rate yet: nothing to judge by
+    budget.note_rate(400.0)  # 7.0 s of training: 12 % of it is 0.8 s, all of it still less than the 10 s left
+    assert budget.unpaid(cuda=False)["may_save_s"] == 0.8 and budget.unpaid(cuda=True)["may_save_s"] == 7.0
+    budget.note_rate(None)
+    now[0] = 9.0  # 6 s left: the 7 s of training may still be saved on CUDA, not on CPU
+    assert budget.unpaid(cuda=True) is None and budget.unpaid(cuda=False) is not None
+    assert MeasuringBudget(deadline=None, runs=2, planned_train_images=2816).unpaid(cuda=False) is None
+
+
+@pytest.mark.exclusive  # the rule's seconds are compared
+def test_a_probe_that_stops_unpaid_says_why_predicts_nothing_and_is_not_kept_for_reuse(tmp_path, monkeypatch):
+    """The real rule and measuring process on a training of 16 images: no choice could repay the probe."""
+    monkeypatch.setattr("stagedyolo.probe.reuse.busy_machine", lambda load: None)
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
+    (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
+    config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64}, "stage_order": None}
+    config["stages"] = {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}}
+    tuning_out = tmp_path / "run" / "probe" / "tuning.json"
+    settings = {**CONFIG["probe"], "batch": [4], "workers": [0, 1], "budget_s": 30}
+    run = dict(
+        cache_decision=str(tmp_path / "cache.json"),
+        weights=[],
+        tuning_out=str(tuning_out),
+        settings=settings,
+        stage_defaults={**config["stage_defaults"], "batch": 4},
+        cfg="yolov5n.yaml",
+        device="cpu",
+        img=64,
+        threads=2,
+        log_path=str(tmp_path / "probe.log"),
+        stages=probe_stage_specs(config),
+        planned_epochs=2,
+    )
+    probe_for_rule(str(data), **run)
+    tuning = json.loads(tuning_out.read_text())
+
+    assert tuning["unpaid"]["training_s"] < 5 and tuning["unpaid"]["budget_left_s"] > 10
+    assert tuning["choice"] == {} and tuning["measurements"]["stages"] == []
+    assert [r["status"] for r in tuning["measurements"]["model"]] == ["ok", "skipped"]
+    assert all(r["status"] == "skipped" for r in tuning["measurements"]["loader"])
+    assert set(tuning["stages"]) == {"a", "b"}
+    assert all(s["predicted_images_per_s"] is None and "stopped" in s["reason"] for s in tuning["stages"].values())
+    assert any(note.startswith("measuring stopped after a model run") for note in tuning["notes"])
+    assert tuning["budget_s"]["rule_s"] < 20  # the 30-s budget was not spent
+    assert tuning["reuse_cache"] == {"kept": False, "reason": unmeasured(tuning)}
+    assert not list((tmp_path / "probe_cache").glob("*.json"))
+    assert "measuring stopped after a model run" in (tmp_path / "probe.log").read_text()
+    # A stage reads the reason into its timing.json prediction.
+    throughput = {"basis": STEADY_BASIS, "steady_images_per_s": 30.0}
+    assert compare_prediction(tuning["stages"]["a"], {}, throughput)["reason"] == tuning["stages"]["a"]["reason"]
 
 
 def test_auto_workers_are_measured_at_the_cores_the_probe_may_use(tmp_path, monkeypatch):

@@ -20,7 +20,9 @@ pytestmark = [
 
 def test_every_demo_stage_with_a_steady_epoch_runs_within_25_percent_of_its_prediction(tmp_path):
     workdir = make_workdir(tmp_path)
-    (workdir / "fresh_probe.yaml").write_text("probe:\n  reuse: false\n")  # measure, even if an earlier run did
+    (workdir / "fresh_probe.yaml").write_text(
+        "probe:\n  reuse: false\n  stop_when_unpaid: false\n"
+    )  # measure, and fully
     snakemake(
         workdir,
         "results/demo/stages/highres/timing.json",

@@ -39,6 +39,8 @@ LOADER_AMPLE_FACTOR = 3
 PREFETCH_PER_WORKER = 2
 # Seconds kept after the child's deadline for the rule to write tuning.json.
 WRITE_RESERVE_S = 0.3
+# Why the runs after the one that showed the probe cannot pay for itself were not measured.
+UNPAID_WHY = "the rest of the probe would cost more than its choice may save (tuning.json unpaid)"
 
 
 def main(request_path: str) -> int:
@@ -116,7 +118,9 @@ def measure_all(
     """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
     runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
     chosen settings. The stage loops make the predictions, so a candidate run is skipped (``affords``) when it would
-    leave them less than their least time: its figure would only have widened the choice."""
+    leave them less than their least time: its figure would only have widened the choice. Once a model run shows that
+    the rest of the probe would cost more than its choice may save (``MeasuringBudget.unpaid``), nothing more is
+    measured: the stages keep their defaults and have no prediction."""
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
     stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
@@ -127,11 +131,18 @@ def measure_all(
         request.get("planned_train_images") or 0,
     )
     warm = WarmShapes()
-    model_runs = measure_model_candidates(model, request, model_plan, device, budget, warm, stage_runs_planned, cuda)
-    loader_runs = measure_loader_candidates(create_dataloader, request, loader_plan, model_runs, stride, budget, cuda)
+    model_runs, unpaid = measure_model_candidates(
+        model, request, model_plan, device, budget, warm, stage_runs_planned, cuda
+    )
+    if unpaid:
+        loader_runs = [skipped(run, UNPAID_WHY) for run in loader_plan]
+    else:
+        loader_runs = measure_loader_candidates(
+            create_dataloader, request, loader_plan, model_runs, stride, budget, cuda
+        )
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
     stage_runs = []
-    for group in stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
+    for group in [] if unpaid else stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
         warmup_steps = warm.steps(
             group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"], group["engine"]
         )
@@ -147,6 +158,7 @@ def measure_all(
         "model": model_runs,
         "stage_runs": stage_runs,
         "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3),
+        "unpaid": unpaid,
     }
 
 
@@ -159,11 +171,15 @@ def measure_model_candidates(
     warm: WarmShapes,
     stage_runs_planned: int,
     cuda: bool,
-) -> list[dict]:
+) -> tuple[list[dict], dict | None]:
     """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come less
-    than their least time (CandidateFloor)."""
-    runs = []
+    than their least time (CandidateFloor), and all after one whose rate shows that measuring on cannot pay
+    (``MeasuringBudget.unpaid``: then returned as the second item, else None)."""
+    runs, unpaid = [], None
     for run in plan:
+        if unpaid:
+            runs.append(skipped(run, UNPAID_WHY))
+            continue
         shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
         floor = CandidateFloor.of(runs, cuda)
         if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
@@ -172,7 +188,8 @@ def measure_model_candidates(
             continue
         runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
         budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
-    return runs
+        unpaid = budget.unpaid(cuda) if request.get("stop_when_unpaid", True) else None
+    return runs, unpaid
 
 
 def measure_loader_candidates(

@@ -81,7 +81,7 @@ def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple
     so a failed write (a full disk, a read-only results folder) is logged and the probe goes on. ``load``: the
     os.getloadavg() at the measurement's start and end. Returns what happened, for tuning.json."""
     path = Path(reuse_dir) / f"{key}.json"
-    reason = busy_machine(load)
+    reason = busy_machine(load) or unmeasured(tuning)
     if reason is None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +92,14 @@ def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple
     with open(log_path, "a") as log:
         log.write(f"probe: measurement not kept for reuse: {reason}\n")
     return {"kept": False, "reason": reason}
+
+
+def unmeasured(tuning: dict) -> str | None:
+    """Why a probe that stopped unpaid is not kept: it chose nothing, and a later run whose training is longer (the
+    reuse key leaves the planned training out) must measure instead of reusing that."""
+    if tuning.get("unpaid"):
+        return "measuring stopped unpaid (nothing chosen): a later, longer training measures again"
+    return None
 
 
 def busy_machine(load: tuple) -> str | None:

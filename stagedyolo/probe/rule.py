@@ -88,8 +88,11 @@ def probe_for_rule(
     with open(log_path, "a") as log:
         source = f"reused from {tuning['reused']['from']}" if "reused" in tuning else "measured"
         log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'} ({source})\n")
+        if tuning.get("unpaid"):
+            log.write(f"probe: {unpaid_note(tuning['unpaid'])}\n")
         for name, stage in tuning["stages"].items():
-            log.write(f"probe: {name} predicted {stage['predicted_images_per_s']} images/s\n")
+            if stage["predicted_images_per_s"] is not None:
+                log.write(f"probe: {name} predicted {stage['predicted_images_per_s']} images/s\n")
     return tuning
 
 
@@ -174,6 +177,7 @@ def plan_request(
         "stable_within": float(settings["stable_within"]),
         "max_seconds": float(settings["seconds_per_candidate"]),
         "budget_s": float(settings["budget_s"]),
+        "stop_when_unpaid": bool(settings.get("stop_when_unpaid", True)),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
         "stages": {name: _stage_request(spec, stage_defaults, boxes_need) for name, spec in stages.items()},
         # The model runs time the step of the first stage's engine (stages share engine.mode unless one overrides it).
@@ -289,12 +293,16 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
             f"{len(skipped)} candidate runs not measured, so their candidates could not be chosen (a larger "
             f"probe.budget_s measures them): " + "; ".join(sorted({run["message"] for run in skipped}))
         )
-    if request["choose"] and not choice:
+    unpaid = measured.get("unpaid")
+    if unpaid:
+        notes.append(unpaid_note(unpaid))
+    elif request["choose"] and not choice:
         notes.append("no usable candidate: the stages keep their defaults")
     return {
         "choice": choice,
         "amp_verdict": measured["amp_verdict"],
-        "stages": predictions(measured["stage_runs"]),
+        "unpaid": unpaid,
+        "stages": unpaid_stages(request) if unpaid else predictions(measured["stage_runs"]),
         "candidates": measured["candidates"],
         "measurements": {"loader": measured["loader"], "model": measured["model"], "stages": measured["stage_runs"]},
         "machine": {
@@ -332,6 +340,22 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
         "patches": measured.get("patches"),  # the patch rows the probe's process applied
         "written_unix": round(time.time(), 3),
     }
+
+
+def unpaid_note(unpaid: dict) -> str:
+    return (
+        f"measuring stopped after a model run: the planned training takes about {unpaid['training_s']:g} s (at "
+        f"{unpaid['at_images_per_s']:g} images/s), so the choice may save at most {unpaid['may_save_s']:g} s "
+        f"({unpaid['choice_gain']:.0%} of it), less than the {unpaid['budget_left_s']:g} s of budget the rest "
+        "would take; the stages keep their defaults for workers, batch and amp, and have no prediction "
+        "(probe.stop_when_unpaid: false measures anyway)"
+    )
+
+
+def unpaid_stages(request: dict) -> dict:
+    """tuning.json `stages` when measuring stopped unpaid: no prediction for any stage, and why."""
+    why = "the probe stopped before the stage loops: measuring them would have cost more than it could save"
+    return {name: {"predicted_images_per_s": None, "reason": why} for name in request["stages"]}
 
 
 def _typical_batch(default, candidates: list[int]) -> int:

@@ -72,7 +72,11 @@ def compare_prediction(prediction: dict | None, ran: dict, throughput: dict) -> 
     steady = throughput["basis"] == STEADY_BASIS
     measured_images_per_s = throughput["steady_images_per_s"] if steady else None
     if not prediction or prediction.get("predicted_images_per_s") is None:
-        why = "no probe ran for this stage" if not prediction else "the probe measured nothing for this stage"
+        why = (
+            "no probe ran for this stage"
+            if not prediction
+            else prediction.get("reason") or "the probe measured nothing for this stage"
+        )
         return {
             "predicted_images_per_s": None,
             "measured_steady_images_per_s": measured_images_per_s,

@@ -30,6 +30,13 @@ MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
 # hours can afford minutes of measuring, and its settings are measured better for it.
 TRAINING_SHARE = 0.05
 
+# The most the probe's choice may raise the training's images/s over the defaults the stages keep without it: what
+# measuring on can save, as a share of the planned training. On CPU the choice among worker counts raised the demo's
+# steady images/s by 12 % (benchmarks/results/probe_choice.md). On CUDA a GPU that waits on its loader trains at a
+# fraction of its rate (the H200 run: 45 % data wait at a wrong worker count), so there the probe measures on unless
+# the rest of it would take longer than the whole training. Keyed by whether the probe runs on CUDA.
+CHOICE_GAIN = {False: 0.12, True: 1.0}
+
 
 class MeasuringBudget:
     """Shares the seconds until ``deadline`` among the measurements still to run: each gets an equal part of what
@@ -67,6 +74,24 @@ class MeasuringBudget:
         """Whether a measurement that takes at least ``floor_s`` (its warm-up and MIN_TIMED_STEPS) fits before the
         deadline with ``reserve_s`` left for the measurements that must follow it. Always true without a budget."""
         return self.deadline is None or self.clock() + floor_s + reserve_s <= self.deadline
+
+    def unpaid(self, cuda: bool) -> dict | None:
+        """Why measuring on cannot pay for itself, or None when it may: the most the choice may save (CHOICE_GAIN of
+        the planned training, timed at the fastest rate so far, so not overestimated) against the budget left, which
+        the rest of the probe would spend. Always None without a budget, a planned training or a rate."""
+        if self.deadline is None or self.planned_train_images <= 0 or self.fastest <= 0:
+            return None
+        training_s = self.planned_train_images / self.fastest
+        may_save_s, left_s = CHOICE_GAIN[cuda] * training_s, self.deadline - self.clock()
+        if may_save_s >= left_s:
+            return None
+        return {
+            "training_s": round(training_s, 1),
+            "at_images_per_s": round(self.fastest, 3),
+            "choice_gain": CHOICE_GAIN[cuda],
+            "may_save_s": round(may_save_s, 1),
+            "budget_left_s": round(left_s, 1),
+        }
 
     def skip(self) -> None:
         """A planned measurement that will not run: the later ones share its time."""
