@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from stagedyolo import fixed_costs
+
 # Minimum Linux driver for CUDA "minor version compatibility": a torch built with CUDA X.y runs on any driver at or
 # above the floor of its major version X. Source: NVIDIA CUDA Toolkit release notes, table "CUDA Toolkit and Minimum
 # Required Driver Version for CUDA Minor Version Compatibility" (11.x: >= 450.80.02, 12.x: >= 525.60.13,
@@ -345,25 +347,6 @@ def _process_start_unix() -> float | None:
         return None
 
 
-def snakemake_started_unix() -> tuple[float | None, str | None]:
-    """When the `snakemake` call that runs this job started: its outermost ancestor process whose command line
-    names snakemake. (None, why) where the job runs elsewhere (a cluster executor's node) or the tree is unreadable."""
-    try:
-        ancestors = psutil.Process().parents()
-        started = [p.create_time() for p in ancestors if _is_snakemake(p.cmdline())]
-    except psutil.Error as exc:
-        return None, f"the job's parent processes could not be read ({type(exc).__name__})"
-    if not started:
-        return None, "no snakemake process among the job's parents (a cluster executor runs it on another node)"
-    return started[-1], None  # parents() runs from the nearest to the outermost
-
-
-def _is_snakemake(cmdline: list[str]) -> bool:
-    """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`, but not the snakemake an
-    executor starts to run one job (`--target-jobs`: a cluster node's job step, or a local job's subprocess)."""
-    return any(Path(part).name == "snakemake" for part in cmdline[:3]) and "--target-jobs" not in cmdline
-
-
 def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | None = None) -> dict:
     """All facts. ``torch_info``/``nvml_info`` let tests inject a synthetic machine."""
     t = torch_info if torch_info is not None else torch_facts()
@@ -381,7 +364,7 @@ def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | Non
         "package_warnings": package_warnings(versions),
         "package_notes": package_notes(versions),
     }
-    facts["snakemake_started_unix"], facts["snakemake_started_reason"] = snakemake_started_unix()
+    facts["snakemake_started_unix"], facts["snakemake_started_reason"] = fixed_costs.snakemake_call_unix()
     facts["gpus"], facts["gpus_reason"] = _visible_gpus(t, nvml)
     facts["capabilities"] = _capabilities(facts["gpus"], facts["gpus_reason"])
     return facts

@@ -7,42 +7,64 @@ start-up (parsing, the DAG, the first job's launch). The gap before a stage hold
 stripping and publishing (and, in reproducible mode, yolov5's second validation of best.pt), Snakemake's hand-off and
 this stage's process start and set-up (imports, dataset scan, model build); the first stage's gap holds the data
 preparation and the probe too (and on the demo its stand-in pretraining).
+
+A rerun of some stages only (a changed `stages.finetune.epochs` reruns finetune and highres) leaves the earlier jobs'
+stamps from an earlier `snakemake` call. The time between two calls is nobody's fixed cost, so a gap whose two ends
+carry different calls' stamps (env.json's, each timing.json's `clock.snakemake_call`) is not given.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+# psutil reads a process's start time from its clock ticks since boot: one process reads alike to well within this.
+CALL_STAMP_TOLERANCE_S = 0.5
 
 
 def fixed_costs(
     job_started_unix: float | None, stages: list[dict], snakemake_started_unix: float | None = None
 ) -> dict:
-    """``stages``: [{name, timing}] in run order. Returns {rows: [{stage, until, after, gap_s, setup_s}], total_s,
-    run_s, share, clock_from}; a gap is None where a stamp is missing (an older timing.json). Without the snakemake
+    """``stages``: [{name, timing}] in run order. Returns {rows: [{stage, until, after, gap_s, setup_s, other_call}],
+    total_s, run_s, share, clock_from}; a gap is None where a stamp is missing (an older timing.json) or its ends ran
+    in two snakemake calls (``other_call`` true; then total, run and share are None too). Without the snakemake
     call's stamp (a cluster executor ran verify_env elsewhere) the clock starts at the first job."""
     rows, previous_end, after = [], job_started_unix, "the run's first job (verify_env)"
+    previous_call = snakemake_started_unix
     called = snakemake_started_unix is not None
     if called:
         gap = _between(snakemake_started_unix, job_started_unix)
         until, after_call = "the run's first job", "the snakemake call"
-        rows.append({"stage": None, "until": until, "after": after_call, "gap_s": gap, "setup_s": None})
+        row = {"stage": None, "until": until, "after": after_call, "gap_s": gap, "setup_s": None, "other_call": False}
+        rows.append(row)
     for stage in stages:
         clock = (stage.get("timing") or {}).get("clock") or {}
-        start = clock.get("train_start")
+        start, call = clock.get("train_start"), clock.get("snakemake_call")
+        other_call = _two_calls(previous_call, call)
         rows.append(
             {
                 "stage": stage["name"],
                 "until": f"{stage['name']}'s first training step",
                 "after": after,
-                "gap_s": _between(previous_end, start),
+                "gap_s": None if other_call else _between(previous_end, start),
                 "setup_s": _between(clock.get("process_start"), start),
+                "other_call": other_call,
             }
         )
         previous_end, after = clock.get("train_end"), f"{stage['name']}'s last training step"
+        previous_call = call if call is not None else previous_call
     gaps = [row["gap_s"] for row in rows]
     total = round(sum(gaps), 1) if gaps and None not in gaps else None
-    run = _between(snakemake_started_unix if called else job_started_unix, previous_end)
+    spans_calls = any(row["other_call"] for row in rows)
+    run = None if spans_calls else _between(snakemake_started_unix if called else job_started_unix, previous_end)
     clock_from = "the snakemake call" if called else "the first job"
     share = round(total / run, 3) if total and run else None
     return {"rows": rows, "total_s": total, "run_s": run, "share": share, "clock_from": clock_from}
+
+
+def _two_calls(earlier: float | None, later: float | None) -> bool:
+    """Whether two snakemake-call stamps name different calls (one process's start time reads alike every time;
+    unknown stamps tell nothing)."""
+    return earlier is not None and later is not None and abs(later - earlier) > CALL_STAMP_TOLERANCE_S
 
 
 def _between(start: float | None, end: float | None) -> float | None:
@@ -58,6 +80,12 @@ def markdown(costs: dict) -> str:
     ]
     for row in costs["rows"]:
         lines.append(f"| {row['until']} | {row['after']} | {_cell(row['gap_s'])} | {_cell(row['setup_s'])} |")
+    if any(row.get("other_call") for row in costs["rows"]):
+        lines += [
+            "",
+            "n/a: the step before it ran in an earlier snakemake call (this call reran only the later jobs); the time "
+            "between two calls is no fixed cost.",
+        ]
     if costs["share"] is not None:
         startup = "Snakemake's start-up, " if costs["clock_from"] == "the snakemake call" else ""
         lines += [
@@ -71,3 +99,26 @@ def markdown(costs: dict) -> str:
 
 def _cell(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
+
+
+def snakemake_call_unix() -> tuple[float | None, str | None]:
+    """When the `snakemake` call that runs this job started: its outermost ancestor process whose command line
+    names snakemake. (None, why) where the job runs elsewhere (a cluster executor's node) or the tree is unreadable.
+    verify_env stamps env.json with it, and each stage's worker its timing.json (`clock.snakemake_call`), so the report
+    can tell a gap within one call from the time between two."""
+    import psutil
+
+    try:
+        ancestors = psutil.Process().parents()
+        started = [p.create_time() for p in ancestors if _is_snakemake(p.cmdline())]
+    except psutil.Error as exc:
+        return None, f"the job's parent processes could not be read ({type(exc).__name__})"
+    if not started:
+        return None, "no snakemake process among the job's parents (a cluster executor runs it on another node)"
+    return started[-1], None  # parents() runs from the nearest to the outermost
+
+
+def _is_snakemake(cmdline: list[str]) -> bool:
+    """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`, but not the snakemake an
+    executor starts to run one job (`--target-jobs`: a cluster node's job step, or a local job's subprocess)."""
+    return any(Path(part).name == "snakemake" for part in cmdline[:3]) and "--target-jobs" not in cmdline

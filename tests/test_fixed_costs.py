@@ -3,11 +3,9 @@
 from stagedyolo.fixed_costs import fixed_costs, markdown
 
 
-def stage(name, process_start, train_start, train_end):
-    return {
-        "name": name,
-        "timing": {"clock": {"process_start": process_start, "train_start": train_start, "train_end": train_end}},
-    }
+def stage(name, process_start, train_start, train_end, call=None):
+    clock = {"process_start": process_start, "train_start": train_start, "train_end": train_end, "snakemake_call": call}
+    return {"name": name, "timing": {"clock": clock}}
 
 
 def test_each_gap_runs_from_the_previous_stages_last_step_to_this_stages_first():
@@ -38,8 +36,32 @@ def test_the_clock_starts_at_the_snakemake_call_when_verify_env_found_it():
     assert "from the snakemake call" in markdown(costs) and "Snakemake's start-up" in markdown(costs)
 
 
+def test_a_rerun_of_the_later_stages_gives_no_gap_across_two_snakemake_calls():
+    """finetune's epochs changed: an hour later a second call reruns finetune and highres only, so frozen's last
+    step is the first call's and the hour between is nobody's fixed cost."""
+    first, second = 96.5, 4000.0
+    stages = [
+        stage("smoke", 130.0, 140.0, 160.0, call=first),
+        stage("frozen", 165.0, 170.0, 200.0, call=first),
+        stage("finetune", 4010.0, 4015.0, 4100.0, call=second),
+        stage("highres", 4104.0, 4108.0, 4200.0, call=second),
+    ]
+    costs = fixed_costs(100.0, stages, snakemake_started_unix=first)
+    gaps = {row["until"]: (row["gap_s"], row["other_call"]) for row in costs["rows"]}
+    assert gaps["frozen's first training step"] == (10.0, False)
+    assert gaps["finetune's first training step"] == (None, True)
+    assert gaps["highres's first training step"] == (8.0, False)  # both ends in the second call
+    assert (costs["total_s"], costs["run_s"], costs["share"]) == (None, None, None)
+    assert "earlier snakemake call" in markdown(costs) and "trained nothing" not in markdown(costs)
+    # One call throughout (stamps equal), or stamps unknown (a cluster node): the gaps stand.
+    same = fixed_costs(100.0, [stage("smoke", 130.0, 140.0, 160.0, call=first)], snakemake_started_unix=first)
+    assert same["rows"][1]["gap_s"] == 40.0 and same["share"] is not None
+    unknown = fixed_costs(100.0, [stage("smoke", 130.0, 140.0, 160.0)], snakemake_started_unix=first)
+    assert unknown["rows"][1]["gap_s"] == 40.0
+
+
 def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch):
-    from stagedyolo import envcheck
+    from stagedyolo import fixed_costs
 
     class Proc:
         def __init__(self, cmdline, started):
@@ -60,8 +82,8 @@ def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch)
                 Proc(["bash"], 1.0),
             ]
 
-    monkeypatch.setattr(envcheck.psutil, "Process", Me)
-    assert envcheck.snakemake_started_unix() == (10.0, None)
+    monkeypatch.setattr("psutil.Process", Me)
+    assert fixed_costs.snakemake_call_unix() == (10.0, None)
 
     class Elsewhere:  # a SLURM job step: the snakemake there runs one job, it is not the user's call
         def parents(self):
@@ -70,6 +92,6 @@ def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch)
                 Proc(["slurmstepd: [12.batch]"], 5.0),
             ]
 
-    monkeypatch.setattr(envcheck.psutil, "Process", Elsewhere)
-    started, reason = envcheck.snakemake_started_unix()
+    monkeypatch.setattr("psutil.Process", Elsewhere)
+    started, reason = fixed_costs.snakemake_call_unix()
     assert started is None and "no snakemake process" in reason

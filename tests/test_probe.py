@@ -121,6 +121,24 @@ def test_nothing_usable_means_no_choice():
     assert choose(candidates) == {}
 
 
+def rule_kwargs(tmp_path: Path, settings: dict, config: dict, planned_epochs: int) -> dict:
+    """probe_for_rule's keywords for a 64-px CPU run of ``config``'s stages in ``tmp_path``."""
+    return dict(
+        cache_decision=str(tmp_path / "cache.json"),
+        weights=[],
+        tuning_out=str(tmp_path / "run" / "probe" / "tuning.json"),
+        settings=settings,
+        stage_defaults=config["stage_defaults"],
+        cfg="yolov5n.yaml",
+        device="cpu",
+        img=64,
+        threads=2,
+        log_path=str(tmp_path / "probe.log"),
+        stages=probe_stage_specs(config),
+        planned_epochs=planned_epochs,
+    )
+
+
 @pytest.mark.exclusive  # budgets and cut runs depend on the machine being this test's alone
 def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_numbers(tmp_path, monkeypatch):
     # Whether the measurement is kept must not depend on what else this machine ran in the last minute.
@@ -146,20 +164,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
         "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}},
     }
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
-    run = dict(
-        cache_decision=str(tmp_path / "cache.json"),
-        weights=[],
-        tuning_out=str(tuning_out),
-        settings=settings,
-        stage_defaults=config["stage_defaults"],
-        cfg="yolov5n.yaml",
-        device="cpu",
-        img=64,
-        threads=2,
-        log_path=str(tmp_path / "probe.log"),
-        stages=probe_stage_specs(config),
-        planned_epochs=3,
-    )
+    run = rule_kwargs(tmp_path, settings, config, planned_epochs=3)
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -360,24 +365,11 @@ def test_a_probe_that_stops_unpaid_says_why_predicts_nothing_and_is_not_kept_for
     monkeypatch.setattr("stagedyolo.probe.reuse.busy_machine", lambda load: None)
     data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 16, 8, image_size=64))
     (tmp_path / "cache.json").write_text(json.dumps({"mode": "ram"}))
-    config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64}, "stage_order": None}
+    config = {**CONFIG, "stage_defaults": {**CONFIG["stage_defaults"], "img": 64, "batch": 4}, "stage_order": None}
     config["stages"] = {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}}
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
     settings = {**CONFIG["probe"], "batch": [4], "workers": [0, 1], "budget_s": 30}
-    run = dict(
-        cache_decision=str(tmp_path / "cache.json"),
-        weights=[],
-        tuning_out=str(tuning_out),
-        settings=settings,
-        stage_defaults={**config["stage_defaults"], "batch": 4},
-        cfg="yolov5n.yaml",
-        device="cpu",
-        img=64,
-        threads=2,
-        log_path=str(tmp_path / "probe.log"),
-        stages=probe_stage_specs(config),
-        planned_epochs=2,
-    )
+    run = rule_kwargs(tmp_path, settings, config, planned_epochs=2)
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 

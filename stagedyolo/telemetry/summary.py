@@ -244,7 +244,9 @@ def build_timing(raw: dict | None, telemetry_csv=None, wall_s: float | None = No
         "stopped_by": meta.get("stopped_by"),
         "epochs_completed": sum(1 for e in epochs if e["complete"]),
         "wall_s": round(wall, 4),
-        "clock": {k: finite(raw.get(f"{k}_unix")) for k in ("process_start", "train_start", "train_end")},
+        "clock": {
+            k: finite(raw.get(f"{k}_unix")) for k in ("process_start", "train_start", "train_end", "snakemake_call")
+        },
         "phases": phases,
         "setup_detail": {
             "imports_s": finite(raw.get("setup_imports_s")),

@@ -40,6 +40,7 @@ import os
 import time
 from pathlib import Path
 
+from stagedyolo.fixed_costs import snakemake_call_unix
 from stagedyolo.jsonio import write_json
 from stagedyolo.telemetry.summary import quantile
 
@@ -65,13 +66,16 @@ class StageTimer:
     """Collects timings through yolov5 callbacks; one per training process (rank 0).
 
     ``process_start``: UNIX time the process started (default: psutil's create_time of this process).
+    ``snakemake_call``: UNIX time the `snakemake` call running this stage started (default: read from the parent
+    processes, None where none is one); the report's fixed costs compare it across stages.
     ``cuda``: the device is CUDA; enables torch peak-memory readings (torch is imported only then).
     """
 
-    def __init__(self, cuda: bool = False, process_start: float | None = None):
+    def __init__(self, cuda: bool = False, process_start: float | None = None, snakemake_call: float | None = None):
         self.cuda = bool(cuda)
         self._wall0, self._pc0 = time.time(), _pc()
         self.process_start = process_start if process_start is not None else _process_start_unix()
+        self.snakemake_call = snakemake_call if snakemake_call is not None else snakemake_call_unix()[0]
         self.callbacks = None
         self._late_registered = False
         self.t_pretrain = None
@@ -354,6 +358,7 @@ class StageTimer:
             "cuda": self.cuda,
             "sync": SYNC_NOTE if self.cuda else "CPU: synchronous execution",
             "process_start_unix": self.process_start,
+            "snakemake_call_unix": self.snakemake_call,
             "pretrain_start_unix": self._unix(self.t_pretrain),
             "train_start_unix": self._unix(self.t_train_start),
             "train_end_unix": self._unix(self.t_train_end_late or self.t_train_end),
