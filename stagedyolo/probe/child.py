@@ -26,6 +26,7 @@ from stagedyolo.probe.steady import (
     SEEN_SHAPE_WARMUP_STEPS,
     MeasuringBudget,
     time_steady,
+    unpaid,
 )
 from stagedyolo.yolov5_facts import accumulate
 
@@ -40,7 +41,7 @@ PREFETCH_PER_WORKER = 2
 # Seconds kept after the child's deadline for the rule to write tuning.json.
 WRITE_RESERVE_S = 0.3
 # Why the runs after the one that showed the probe cannot pay for itself were not measured.
-UNPAID_WHY = "the rest of the probe would cost more than its choice may save (tuning.json unpaid)"
+UNPAID_WHY = "measuring the other candidates would cost more than the choice may save (tuning.json payoff)"
 
 
 def main(request_path: str) -> int:
@@ -118,9 +119,9 @@ def measure_all(
     """Every measurement within the request's budget, and the choice: the candidates' model runs, then their loader
     runs (which may stop once they clearly outpace the fastest model run), then each stage group's loop at the
     chosen settings. The stage loops make the predictions, so a candidate run is skipped (``affords``) when it would
-    leave them less than their least time: its figure would only have widened the choice. Once a model run shows that
-    the rest of the probe would cost more than its choice may save (``MeasuringBudget.unpaid``), nothing more is
-    measured: the stages keep their defaults and have no prediction."""
+    leave them less than their least time: its figure would only have widened the choice. Once the first model run
+    gives a rate, each part of the rest is measured only where it pays (``MeasuringBudget.payoff``): the other
+    candidates (else the stages keep their defaults) and the stage loops (else no stage has a prediction)."""
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
     stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
@@ -131,18 +132,19 @@ def measure_all(
         request.get("planned_train_images") or 0,
     )
     warm = WarmShapes()
-    model_runs, unpaid = measure_model_candidates(
-        model, request, model_plan, device, budget, warm, stage_runs_planned, cuda
+    model_runs, payoff = measure_model_candidates(
+        model, request, model_plan, device, budget, warm, stage_runs_planned, cuda, len(loader_plan)
     )
-    if unpaid:
+    if unpaid(payoff, "candidates"):
         loader_runs = [skipped(run, UNPAID_WHY) for run in loader_plan]
     else:
         loader_runs = measure_loader_candidates(
             create_dataloader, request, loader_plan, model_runs, stride, budget, cuda
         )
     decision = decide(request, loader_runs, model_runs, cuda=cuda, gpu_total_memory_bytes=gpu_total_memory_bytes)
+    groups = [] if unpaid(payoff, "stage_loops") else stage_groups(request, decision["choice"], cuda, bf16_supported)
     stage_runs = []
-    for group in [] if unpaid else stage_groups(request, decision["choice"], cuda, bf16_supported=bf16_supported):
+    for group in groups:
         warmup_steps = warm.steps(
             group["img"], group["batch"], group["amp"] and cuda and group["amp_dtype"], group["engine"]
         )
@@ -158,7 +160,7 @@ def measure_all(
         "model": model_runs,
         "stage_runs": stage_runs,
         "budget_allowed_s": None if budget.allowed_s is None else round(budget.allowed_s, 3),
-        "unpaid": unpaid,
+        "payoff": payoff,
     }
 
 
@@ -171,25 +173,38 @@ def measure_model_candidates(
     warm: WarmShapes,
     stage_runs_planned: int,
     cuda: bool,
+    loader_runs_planned: int = 0,
 ) -> tuple[list[dict], dict | None]:
     """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come less
-    than their least time (CandidateFloor), and all after one whose rate shows that measuring on cannot pay
-    (``MeasuringBudget.unpaid``: then returned as the second item, else None)."""
-    runs, unpaid = [], None
+    than their least time (CandidateFloor); and, after the first (with probe.stop_when_unpaid), whether the other
+    candidates and the stage loops pay (MeasuringBudget.payoff, returned as the second item; None when not judged).
+    A part that does not pay is dropped from the budget with its share of the time: the runs after it skip."""
+    runs, payoff = [], None
     for run in plan:
-        if unpaid:
+        if unpaid(payoff, "candidates"):
             runs.append(skipped(run, UNPAID_WHY))
             continue
         shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
         floor = CandidateFloor.of(runs, cuda)
-        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(stage_runs_planned)):
+        loops = 0 if unpaid(payoff, "stage_loops") else stage_runs_planned
+        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(loops)):
             runs.append(skipped(run, "within the budget it would leave the stage loops less than their least time"))
             budget.skip()
             continue
         runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
         budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
-        unpaid = budget.unpaid(cuda) if request.get("stop_when_unpaid", True) else None
-    return runs, unpaid
+        if len(runs) == 1 and request.get("stop_when_unpaid", True):
+            payoff = judge_the_rest(budget, cuda, len(plan) - 1 + loader_runs_planned, stage_runs_planned)
+    return runs, payoff
+
+
+def judge_the_rest(budget: MeasuringBudget, cuda: bool, candidate_runs: int, loop_runs: int) -> dict | None:
+    """MeasuringBudget.payoff for the runs still planned, each part that does not pay dropped from the budget."""
+    payoff = budget.payoff(cuda, candidate_runs, loop_runs)
+    for part in ("candidates", "stage_loops"):
+        if unpaid(payoff, part):
+            budget.drop(payoff[part]["runs"])
+    return payoff
 
 
 def measure_loader_candidates(

@@ -95,10 +95,12 @@ def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple
 
 
 def unmeasured(tuning: dict) -> str | None:
-    """Why a probe that stopped unpaid is not kept: it chose nothing, and a later run whose training is longer (the
-    reuse key leaves the planned training out) must measure instead of reusing that."""
-    if tuning.get("unpaid"):
-        return "measuring stopped unpaid (nothing chosen): a later, longer training measures again"
+    """Why a probe that left a part unmeasured (tuning.json payoff) is not kept: a later run whose training is longer
+    (the reuse key leaves the planned training out) must measure it instead of reusing the gap."""
+    payoff = tuning.get("payoff") or {}
+    parts = [part for part in ("candidates", "stage_loops") if part in payoff and not payoff[part]["measured"]]
+    if parts:
+        return f"not all measured ({', '.join(parts)} did not pay): a later, longer training measures again"
     return None
 
 

@@ -19,7 +19,7 @@ from stagedyolo.launch import supervise
 from stagedyolo.probe.choice import TIE_TOLERANCE
 from stagedyolo.probe.reuse import keep_for_reuse, read_reusable, reuse_key
 from stagedyolo.probe.stages import predictions
-from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE
+from stagedyolo.probe.steady import MIN_TIMED_STEPS, MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS, TRAINING_SHARE, unpaid
 from stagedyolo.recipe import PROBED_KEYS, boxes_need_img, stage_img
 from stagedyolo.stage_plan import available_cores, cpu_budget
 from stagedyolo.yolov5_facts import NOMINAL_BATCH
@@ -88,8 +88,8 @@ def probe_for_rule(
     with open(log_path, "a") as log:
         source = f"reused from {tuning['reused']['from']}" if "reused" in tuning else "measured"
         log.write(f"probe: choice {tuning['choice'] or 'none (stages keep their defaults)'} ({source})\n")
-        if tuning.get("unpaid"):
-            log.write(f"probe: {unpaid_note(tuning['unpaid'])}\n")
+        for note in payoff_notes(tuning.get("payoff")):
+            log.write(f"probe: {note}\n")
         for name, stage in tuning["stages"].items():
             if stage["predicted_images_per_s"] is not None:
                 log.write(f"probe: {name} predicted {stage['predicted_images_per_s']} images/s\n")
@@ -293,16 +293,15 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
             f"{len(skipped)} candidate runs not measured, so their candidates could not be chosen (a larger "
             f"probe.budget_s measures them): " + "; ".join(sorted({run["message"] for run in skipped}))
         )
-    unpaid = measured.get("unpaid")
-    if unpaid:
-        notes.append(unpaid_note(unpaid))
-    elif request["choose"] and not choice:
+    payoff = measured.get("payoff")
+    notes += payoff_notes(payoff)
+    if request["choose"] and not choice and not unpaid(payoff, "candidates"):
         notes.append("no usable candidate: the stages keep their defaults")
     return {
         "choice": choice,
         "amp_verdict": measured["amp_verdict"],
-        "unpaid": unpaid,
-        "stages": unpaid_stages(request) if unpaid else predictions(measured["stage_runs"]),
+        "payoff": payoff,
+        "stages": unpaid_stages(request) if unpaid(payoff, "stage_loops") else predictions(measured["stage_runs"]),
         "candidates": measured["candidates"],
         "measurements": {"loader": measured["loader"], "model": measured["model"], "stages": measured["stage_runs"]},
         "machine": {
@@ -342,19 +341,27 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
     }
 
 
-def unpaid_note(unpaid: dict) -> str:
-    return (
-        f"measuring stopped after a model run: the planned training takes about {unpaid['training_s']:g} s (at "
-        f"{unpaid['at_images_per_s']:g} images/s), so the choice may save at most {unpaid['may_save_s']:g} s "
-        f"({unpaid['choice_gain']:.0%} of it), less than the {unpaid['budget_left_s']:g} s of budget the rest "
-        "would take; the stages keep their defaults for workers, batch and amp, and have no prediction "
-        "(probe.stop_when_unpaid: false measures anyway)"
-    )
+def payoff_notes(payoff: dict | None) -> list[str]:
+    """One note per part of the probe judged not to pay (MeasuringBudget.payoff), with its figures."""
+    if payoff is None:
+        return []
+    head = f"the planned training takes about {payoff['training_s']:g} s (at {payoff['at_images_per_s']:g} images/s)"
+    what = {
+        "candidates": "the other candidates were not measured: the choice may save {share:.0%} of it, {worth_s:g} s, "
+        "less than the {cost_s:g} s they would take; the stages keep their defaults for workers, batch and amp",
+        "stage_loops": "the stage loops were not measured: predictions may take {share:.0%} of it, {worth_s:g} s, "
+        "less than the {cost_s:g} s they would take; no stage has a prediction",
+    }
+    return [
+        f"{head}; {what[part].format(**payoff[part])} (probe.stop_when_unpaid: false measures anyway)"
+        for part in what
+        if unpaid(payoff, part)
+    ]
 
 
 def unpaid_stages(request: dict) -> dict:
-    """tuning.json `stages` when measuring stopped unpaid: no prediction for any stage, and why."""
-    why = "the probe stopped before the stage loops: measuring them would have cost more than it could save"
+    """tuning.json `stages` when the stage loops did not pay: no prediction for any stage, and why."""
+    why = "the probe did not measure the stage loops: on a training this short they would cost more than 5 % of it"
     return {name: {"predicted_images_per_s": None, "reason": why} for name in request["stages"]}
 
 

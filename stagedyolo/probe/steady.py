@@ -31,11 +31,13 @@ MODEL_WARMUP_STEPS, SEEN_SHAPE_WARMUP_STEPS = 2, 1
 TRAINING_SHARE = 0.05
 
 # The most the probe's choice may raise the training's images/s over the defaults the stages keep without it: what
-# measuring on can save, as a share of the planned training. On CPU the choice among worker counts raised the demo's
-# steady images/s by 12 % (benchmarks/results/probe_choice.md). On CUDA a GPU that waits on its loader trains at a
-# fraction of its rate (the H200 run: 45 % data wait at a wrong worker count), so there the probe measures on unless
-# the rest of it would take longer than the whole training. Keyed by whether the probe runs on CUDA.
-CHOICE_GAIN = {False: 0.12, True: 1.0}
+# measuring the candidates can save, as a share of the planned training. On the 2-core CPU the demo's 10-epoch
+# control ran in 47-48 s at the probe's choice (0 workers, 2 torch threads) and in 55-58 s at the defaults (1 worker,
+# 1 thread): 1.2x (naive_vs_staged_demo_seeds_30e86a7 against naive_vs_staged_demo_unpaid; probe_choice measured
+# 1.12x). On CUDA a GPU that waits on its loader trains at a fraction of its rate (the H200 run: 45 % data wait at a
+# wrong worker count), so there the candidates are measured unless they would take longer than the whole training.
+# Keyed by whether the probe runs on CUDA.
+CHOICE_GAIN = {False: 0.2, True: 1.0}
 
 
 class MeasuringBudget:
@@ -75,23 +77,40 @@ class MeasuringBudget:
         deadline with ``reserve_s`` left for the measurements that must follow it. Always true without a budget."""
         return self.deadline is None or self.clock() + floor_s + reserve_s <= self.deadline
 
-    def unpaid(self, cuda: bool) -> dict | None:
-        """Why measuring on cannot pay for itself, or None when it may: the most the choice may save (CHOICE_GAIN of
-        the planned training, timed at the fastest rate so far, so not overestimated) against the budget left, which
-        the rest of the probe would spend. Always None without a budget, a planned training or a rate."""
+    def payoff(self, cuda: bool, candidate_runs: int, loop_runs: int) -> dict | None:
+        """Whether each part of the rest of the probe pays for itself, once a rate is known: the candidate runs may
+        save CHOICE_GAIN of the planned training (timed at the fastest rate so far, so not overestimated); the stage
+        loops make only the predictions, which save no training time, so they may cost TRAINING_SHARE of it, the share
+        the budget grants the probe. A part's cost is its runs' equal shares of the time left, as next_deadline spends
+        it: an upper bound, since a run that is steady early ends early. None without a budget, a planned training or
+        a rate."""
         if self.deadline is None or self.planned_train_images <= 0 or self.fastest <= 0:
             return None
         training_s = self.planned_train_images / self.fastest
-        may_save_s, left_s = CHOICE_GAIN[cuda] * training_s, self.deadline - self.clock()
-        if may_save_s >= left_s:
-            return None
+        left_s = max(self.deadline - self.clock(), 0.0)
+
+        def part(worth_s: float, runs: int) -> dict:
+            cost_s = left_s * runs / self.runs_left
+            return {
+                "runs": runs,
+                "worth_s": round(worth_s, 1),
+                "cost_s": round(cost_s, 1),
+                "measured": worth_s >= cost_s,
+            }
+
         return {
             "training_s": round(training_s, 1),
             "at_images_per_s": round(self.fastest, 3),
-            "choice_gain": CHOICE_GAIN[cuda],
-            "may_save_s": round(may_save_s, 1),
-            "budget_left_s": round(left_s, 1),
+            "candidates": {**part(CHOICE_GAIN[cuda] * training_s, candidate_runs), "share": CHOICE_GAIN[cuda]},
+            "stage_loops": {**part(TRAINING_SHARE * training_s, loop_runs), "share": TRAINING_SHARE},
         }
+
+    def drop(self, runs: int) -> None:
+        """Take ``runs`` planned measurements out together with their share of the time left, so that the others
+        keep theirs and the probe ends sooner (skip, by contrast, leaves its share to the later runs)."""
+        if self.deadline is not None:
+            self.deadline -= max(self.deadline - self.clock(), 0.0) * runs / max(self.runs_left, 1)
+        self.runs_left -= runs
 
     def skip(self) -> None:
         """A planned measurement that will not run: the later ones share its time."""
@@ -105,6 +124,12 @@ class MeasuringBudget:
         share = max(self.deadline - now, 0.0) / max(self.runs_left, 1)
         self.runs_left -= 1
         return now + share
+
+
+def unpaid(payoff: dict | None, part: str) -> bool:
+    """Whether ``part`` of the probe ("candidates" or "stage_loops") was judged not to pay (MeasuringBudget.payoff)
+    and so not measured."""
+    return payoff is not None and not payoff[part]["measured"]
 
 
 def halves_agree(durations: list[float], images: list[int], stable_within: float) -> tuple[bool, list[float]]:
