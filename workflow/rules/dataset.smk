@@ -2,10 +2,11 @@
 # A changed image or label changes source_fingerprint, and Snakemake re-stages.
 
 
+# It reads only the data, so it runs beside verify_env (on the demo the environment check's 3 s overlap the data
+# preparation); the probe and every training job wait for both.
 rule prepare_dataset:
     input:
         source=get_source_data_yaml(),
-        env=rules.verify_env.output.json,
     output:
         data=f"{RUN}/data/data.yaml",
         report_json=f"{RUN}/data/dataset_report.json",

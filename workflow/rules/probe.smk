@@ -1,5 +1,6 @@
 rule probe:
     input:
+        env=rules.verify_env.output.json,  # a broken environment fails before any measuring
         data=rules.prepare_dataset.output.data,
         dataset_report=rules.prepare_dataset.output.report_json,
         cache=rules.cache_dataset.output.decision,
