@@ -1,7 +1,8 @@
 """The clock that runs while nothing trains: from the `snakemake` call to the first training step, and between stages.
 
 Each gap is measured from stamps the jobs write: env.json's `snakemake_started_unix` (the `snakemake` call, read by
-verify_env from its parent processes) and `job_started_unix` (verify_env, the run's first job), and each stage's
+verify_env from its parent processes, or from Snakemake's log file where a shell had exec'd it after other commands:
+`snakemake_started`) and `job_started_unix` (verify_env, the run's first job), and each stage's
 timing.json `clock` (its worker's process start, first and last training step). The first row is Snakemake's own
 start-up (parsing, the DAG, the first job's launch). The gap before a stage holds the previous stage's checkpoint
 stripping and publishing (and, in reproducible mode, yolov5's second validation of best.pt), Snakemake's hand-off and
@@ -15,7 +16,16 @@ carry different calls' stamps (env.json's, each timing.json's `clock.snakemake_c
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
+
+# Snakemake names its log file after the moment it sets it up (.snakemake/log/<local ISO time>.snakemake.log), after
+# its own imports and before it reads the Snakefile: 1-3 s after its process started on the 2-core machine. A process
+# that started much earlier than that was not Snakemake yet: `bash -c "pip install ... && snakemake ..."` runs the
+# last command in the shell's own process (exec), whose start time is the shell's, so the install would count as
+# Snakemake's start-up (a fresh clone's one-liner showed 106 s "to the first job").
+EXEC_SUSPECT_S = 30.0
+LOG_SUFFIX = ".snakemake.log"
 
 # psutil reads a process's start time from its clock ticks since boot: one process reads alike to well within this.
 CALL_STAMP_TOLERANCE_S = 0.5
@@ -122,3 +132,31 @@ def _is_snakemake(cmdline: list[str]) -> bool:
     """`snakemake ...` (its console script, run by python) or `python -m snakemake ...`, but not the snakemake an
     executor starts to run one job (`--target-jobs`: a cluster node's job step, or a local job's subprocess)."""
     return any(Path(part).name == "snakemake" for part in cmdline[:3]) and "--target-jobs" not in cmdline
+
+
+def snakemake_started(workdir: str | Path = ".") -> tuple[float | None, str | None]:
+    """verify_env's stamp of the snakemake call's start, and why it is not the plain process start where it is not:
+    the call's process start (snakemake_call_unix), unless the call's log file in ``workdir`` was set up more than
+    EXEC_SUSPECT_S later; then the log's time (which leaves out Snakemake's own imports)."""
+    started, reason = snakemake_call_unix()
+    if started is None:
+        return None, reason
+    logged = latest_log_time(Path(workdir) / ".snakemake" / "log")
+    if logged is None or logged - started <= EXEC_SUSPECT_S:
+        return started, None
+    return logged, (
+        f"the snakemake process started {logged - started:.0f} s before Snakemake set up its log: a shell that ran "
+        "other commands first had exec'd it, so the clock starts at the log (Snakemake's own imports left out)"
+    )
+
+
+def latest_log_time(log_dir: Path) -> float | None:
+    """The UNIX time in the newest Snakemake log file's name (local time, as Snakemake writes it), or None."""
+    times = []
+    for path in log_dir.glob(f"*{LOG_SUFFIX}"):
+        try:
+            stamp = datetime.datetime.strptime(path.name[: -len(LOG_SUFFIX)], "%Y-%m-%dT%H%M%S.%f")
+        except ValueError:
+            continue
+        times.append(stamp.timestamp())
+    return max(times, default=None)

@@ -1,5 +1,7 @@
 """The report's fixed costs: the gaps before each stage's first training step, from the stamps the jobs write."""
 
+import datetime
+
 from stagedyolo.fixed_costs import fixed_costs, markdown
 
 
@@ -95,3 +97,27 @@ def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch)
     monkeypatch.setattr("psutil.Process", Elsewhere)
     started, reason = fixed_costs.snakemake_call_unix()
     assert started is None and "no snakemake process" in reason
+
+
+def log_named_at(log_dir, unix_time):
+    """A Snakemake log file named as Snakemake names it: its local set-up time, colons dropped."""
+    name = datetime.datetime.fromtimestamp(unix_time).isoformat().replace(":", "") + ".snakemake.log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / name).write_text("")
+
+
+def test_a_snakemake_exec_d_by_a_shell_after_other_commands_is_clocked_from_its_log(tmp_path, monkeypatch):
+    """`bash -c "pip install ... && snakemake"`: the process is the shell's, started 106 s before Snakemake's log."""
+    from stagedyolo import fixed_costs as clock
+
+    monkeypatch.setattr(clock, "snakemake_call_unix", lambda: (1_800_000_000.0, None))
+    assert clock.snakemake_started(tmp_path) == (1_800_000_000.0, None)  # no log: the process start stands
+    log_dir = tmp_path / ".snakemake" / "log"
+    log_named_at(log_dir, 1_799_990_000.5)  # an earlier call's log
+    log_named_at(log_dir, 1_800_000_002.25)  # this call's, 2 s after its start: Snakemake's own imports
+    assert clock.snakemake_started(tmp_path) == (1_800_000_000.0, None)
+    log_named_at(log_dir, 1_800_000_106.5)  # set up 106 s after the process started: the shell ran pip first
+    started, reason = clock.snakemake_started(tmp_path)
+    assert started == 1_800_000_106.5 and "106 s before Snakemake set up its log" in reason
+    (log_dir / "notes.snakemake.log").write_text("")  # a name that is no time is ignored
+    assert clock.latest_log_time(log_dir) == 1_800_000_106.5
