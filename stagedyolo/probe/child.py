@@ -40,7 +40,7 @@ LOADER_AMPLE_FACTOR = 3
 PREFETCH_PER_WORKER = 2
 # Seconds kept after the child's deadline for the rule to write tuning.json.
 WRITE_RESERVE_S = 0.3
-# Why the runs after the one that showed the probe cannot pay for itself were not measured.
+# Why the candidate runs after the first model run were not measured (MeasuringBudget.payoff).
 UNPAID_WHY = "measuring the other candidates would cost more than the choice may save (tuning.json payoff)"
 
 

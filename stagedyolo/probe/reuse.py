@@ -21,6 +21,7 @@ from pathlib import Path
 from stagedyolo.dataset.validate import img2label_path
 from stagedyolo.envcheck import nvml_facts, package_version
 from stagedyolo.jsonio import read_json, write_json
+from stagedyolo.probe.steady import unpaid
 from stagedyolo.stage_plan import available_cores
 
 # Bump when the probe measures differently: results of an older probe are not reused.
@@ -97,8 +98,7 @@ def keep_for_reuse(reuse_dir: str | Path, key: str, tuning: dict, *, load: tuple
 def unmeasured(tuning: dict) -> str | None:
     """Why a probe that left a part unmeasured (tuning.json payoff) is not kept: a later run whose training is longer
     (the reuse key leaves the planned training out) must measure it instead of reusing the gap."""
-    payoff = tuning.get("payoff") or {}
-    parts = [part for part in ("candidates", "stage_loops") if part in payoff and not payoff[part]["measured"]]
+    parts = [part for part in ("candidates", "stage_loops") if unpaid(tuning.get("payoff"), part)]
     if parts:
         return f"not all measured ({', '.join(parts)} did not pay): a later, longer training measures again"
     return None

@@ -361,7 +361,10 @@ def payoff_notes(payoff: dict | None) -> list[str]:
 
 def unpaid_stages(request: dict) -> dict:
     """tuning.json `stages` when the stage loops did not pay: no prediction for any stage, and why."""
-    why = "the probe did not measure the stage loops: on a training this short they would cost more than 5 % of it"
+    why = (
+        "the probe did not measure the stage loops: on a training this short they would cost more than "
+        f"{TRAINING_SHARE:.0%} of it"
+    )
     return {name: {"predicted_images_per_s": None, "reason": why} for name in request["stages"]}
 
 

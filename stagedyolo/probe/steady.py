@@ -90,7 +90,7 @@ class MeasuringBudget:
         left_s = max(self.deadline - self.clock(), 0.0)
 
         def part(worth_s: float, runs: int) -> dict:
-            cost_s = left_s * runs / self.runs_left
+            cost_s = left_s * runs / max(self.runs_left, 1)
             return {
                 "runs": runs,
                 "worth_s": round(worth_s, 1),
