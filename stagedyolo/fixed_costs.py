@@ -32,14 +32,19 @@ CALL_STAMP_TOLERANCE_S = 0.5
 
 
 def fixed_costs(
-    job_started_unix: float | None, stages: list[dict], snakemake_started_unix: float | None = None
+    job_started_unix: float | None,
+    stages: list[dict],
+    snakemake_started_unix: float | None = None,
+    snakemake_call_unix: float | None = None,
 ) -> dict:
     """``stages``: [{name, timing}] in run order. Returns {rows: [{stage, until, after, gap_s, setup_s, other_call}],
     total_s, run_s, share, clock_from}; a gap is None where a stamp is missing (an older timing.json) or its ends ran
     in two snakemake calls (``other_call`` true; then total, run and share are None too). Without the snakemake
-    call's stamp (a cluster executor ran verify_env elsewhere) the clock starts at the first job."""
+    call's stamp (a cluster executor ran verify_env elsewhere) the clock starts at the first job.
+    ``snakemake_call_unix``: verify_env's call's process start, which the stages' ``clock.snakemake_call`` is compared
+    with (the start itself may be the log's time instead: snakemake_started); default the start."""
     rows, previous_end, after = [], job_started_unix, "the run's first job (verify_env)"
-    previous_call = snakemake_started_unix
+    previous_call = snakemake_started_unix if snakemake_call_unix is None else snakemake_call_unix
     called = snakemake_started_unix is not None
     if called:
         gap = _between(snakemake_started_unix, job_started_unix)

@@ -319,7 +319,12 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     test = read_json(test_metrics) if test_metrics else None
     test_md = test_markdown(test, heading="##") if test else ""
     env_facts = (read_json(env) or {}) if env else {}
-    costs = fixed_costs.fixed_costs(env_facts.get("job_started_unix"), stages, env_facts.get("snakemake_started_unix"))
+    costs = fixed_costs.fixed_costs(
+        env_facts.get("job_started_unix"),
+        stages,
+        env_facts.get("snakemake_started_unix"),
+        env_facts.get("snakemake_call_unix"),
+    )
     data["fixed_costs"] = costs
     costs_md = fixed_costs.markdown(costs)
     paths["table_md"].write_text(

@@ -60,6 +60,15 @@ def test_a_rerun_of_the_later_stages_gives_no_gap_across_two_snakemake_calls():
     assert same["rows"][1]["gap_s"] == 40.0 and same["share"] is not None
     unknown = fixed_costs(100.0, [stage("smoke", 130.0, 140.0, 160.0)], snakemake_started_unix=first)
     assert unknown["rows"][1]["gap_s"] == 40.0
+    # A shell exec'd Snakemake after 110 s of pip install: the clock starts at the log, but the call is the process
+    # every stage stamps, so it is one call throughout.
+    execd = fixed_costs(
+        first + 110.3,
+        [stage("smoke", first + 130.0, first + 140.0, first + 160.0, call=first)],
+        snakemake_started_unix=first + 110.0,
+        snakemake_call_unix=first,
+    )
+    assert [row["gap_s"] for row in execd["rows"]] == [0.3, 29.7] and execd["share"] is not None
 
 
 def test_verify_env_finds_the_outermost_snakemake_among_its_parents(monkeypatch):

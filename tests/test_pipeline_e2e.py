@@ -125,7 +125,7 @@ def test_the_report_shows_the_fixed_costs_from_the_snakemake_call_to_every_stage
     assert 0 < costs["share"] < 1
     assert "## Fixed costs" in (run / "report" / "summary.md").read_text()
     # Every stage's worker found the same snakemake call among its parents as verify_env: one call, every gap given.
-    call = json.loads((run / "env" / "env.json").read_text())["snakemake_started_unix"]
+    call = json.loads((run / "env" / "env.json").read_text())["snakemake_call_unix"]
     for stage in STAGES:
         clock = json.loads((run / "stages" / stage / "timing.json").read_text())["clock"]
         assert clock["snakemake_call"] == pytest.approx(call, abs=0.01), (stage, clock, call)
