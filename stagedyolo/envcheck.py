@@ -365,8 +365,9 @@ def gather(cache_dir: str, torch_info: dict | None = None, nvml_info: dict | Non
         "package_notes": package_notes(versions),
     }
     # The call's identity (its process's start, which each stage's worker stamps alike) and when it started.
-    facts["snakemake_call_unix"] = fixed_costs.snakemake_call_unix()[0]
-    facts["snakemake_started_unix"], facts["snakemake_started_reason"] = fixed_costs.snakemake_started()
+    call = fixed_costs.snakemake_call_unix()
+    facts["snakemake_call_unix"] = call[0]
+    facts["snakemake_started_unix"], facts["snakemake_started_reason"] = fixed_costs.snakemake_started(call)
     facts["gpus"], facts["gpus_reason"] = _visible_gpus(t, nvml)
     facts["capabilities"] = _capabilities(facts["gpus"], facts["gpus_reason"])
     return facts

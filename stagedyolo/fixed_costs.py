@@ -139,11 +139,13 @@ def _is_snakemake(cmdline: list[str]) -> bool:
     return any(Path(part).name == "snakemake" for part in cmdline[:3]) and "--target-jobs" not in cmdline
 
 
-def snakemake_started(workdir: str | Path = ".") -> tuple[float | None, str | None]:
+def snakemake_started(
+    call: tuple[float | None, str | None], workdir: str | Path = "."
+) -> tuple[float | None, str | None]:
     """verify_env's stamp of the snakemake call's start, and why it is not the plain process start where it is not:
-    the call's process start (snakemake_call_unix), unless the call's log file in ``workdir`` was set up more than
-    EXEC_SUSPECT_S later; then the log's time (which leaves out Snakemake's own imports)."""
-    started, reason = snakemake_call_unix()
+    ``call`` (snakemake_call_unix's reading: the call's process start, or None and why), unless the call's log file
+    in ``workdir`` was set up more than EXEC_SUSPECT_S later; then the log's time (Snakemake's own imports left out)."""
+    started, reason = call
     if started is None:
         return None, reason
     logged = latest_log_time(Path(workdir) / ".snakemake" / "log")

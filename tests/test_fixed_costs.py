@@ -115,18 +115,18 @@ def log_named_at(log_dir, unix_time):
     (log_dir / name).write_text("")
 
 
-def test_a_snakemake_exec_d_by_a_shell_after_other_commands_is_clocked_from_its_log(tmp_path, monkeypatch):
+def test_a_snakemake_exec_d_by_a_shell_after_other_commands_is_clocked_from_its_log(tmp_path):
     """`bash -c "pip install ... && snakemake"`: the process is the shell's, started 106 s before Snakemake's log."""
     from stagedyolo import fixed_costs as clock
 
-    monkeypatch.setattr(clock, "snakemake_call_unix", lambda: (1_800_000_000.0, None))
-    assert clock.snakemake_started(tmp_path) == (1_800_000_000.0, None)  # no log: the process start stands
+    call = (1_800_000_000.0, None)  # the process start snakemake_call_unix read
+    assert clock.snakemake_started(call, tmp_path) == (1_800_000_000.0, None)  # no log: the process start stands
     log_dir = tmp_path / ".snakemake" / "log"
     log_named_at(log_dir, 1_799_990_000.5)  # an earlier call's log
     log_named_at(log_dir, 1_800_000_002.25)  # this call's, 2 s after its start: Snakemake's own imports
-    assert clock.snakemake_started(tmp_path) == (1_800_000_000.0, None)
+    assert clock.snakemake_started(call, tmp_path) == (1_800_000_000.0, None)
     log_named_at(log_dir, 1_800_000_106.5)  # set up 106 s after the process started: the shell ran pip first
-    started, reason = clock.snakemake_started(tmp_path)
+    started, reason = clock.snakemake_started(call, tmp_path)
     assert started == 1_800_000_106.5 and "106 s before Snakemake set up its log" in reason
     (log_dir / "notes.snakemake.log").write_text("")  # a name that is no time is ignored
     assert clock.latest_log_time(log_dir) == 1_800_000_106.5
