@@ -121,6 +121,11 @@ def boxes_need_img(dataset_report: str | Path | None) -> int | None:
     return boxes_need_in(read_json(Path(dataset_report)))
 
 
+def split_images(report: dict) -> tuple[int, int]:
+    """(training, validation) images in a dataset report (validate.validate_dataset's)."""
+    return tuple(int((report["splits"].get(split) or {}).get("images") or 0) for split in ("train", "val"))
+
+
 def boxes_need_in(report: dict) -> int | None:
     """boxes_need_img's figure from a dataset report already in memory (validate.validate_dataset's)."""
     train = report["splits"].get("train") or {}
@@ -137,6 +142,28 @@ def stage_inputs(config: dict, stage: str) -> dict:
         "cfg": config["model"]["cfg"],
         "telemetry_interval_s": config["telemetry"]["interval_s"],
         "tune": config["tune"] if spec.get("tune") else None,
+        # only with a budget: without one the params stay as they were, and no finished stage reruns for it
+        **({"recipe_budget": budget} if (budget := budget_inputs(config, stage)) else {}),
+    }
+
+
+# The stage settings a stage's share of the recipe's time budget depends on (stagedyolo.recipe_budget): its epochs,
+# the size it trains at, what it trains and how often it validates and saves.
+BUDGET_SHAPE_KEYS = ("epochs", "img", "img_from_boxes", "target_img", "freeze", "val_period", "nosave")
+
+
+def budget_inputs(config: dict, stage: str) -> dict | None:
+    """What a stage's sizing under `recipe_minutes` reads from the config: the budget, and the shape of this stage
+    and of the stages after it, which share what is left (so a change to a later stage reruns the earlier ones too,
+    under a budget only). None without a budget."""
+    minutes = config.get("recipe_minutes")
+    if not minutes:
+        return None
+    names = stage_names(config)
+    shapes = [{"stage": name, **stage_spec(config, name)} for name in names[names.index(stage) :]]
+    return {
+        "budget_s": float(minutes) * 60,
+        "stages": [{key: shape[key] for key in ("stage", *BUDGET_SHAPE_KEYS)} for shape in shapes],
     }
 
 

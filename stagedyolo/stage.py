@@ -27,6 +27,7 @@ from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
 from stagedyolo.probe.stages import compare_prediction
+from stagedyolo.recipe_budget import size_stage
 from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
 from stagedyolo.telemetry import build_timing, write_timing
 from stagedyolo.tune import tune_stage
@@ -51,10 +52,14 @@ def train_stage(
     log_path: str,
     run_stages: list[dict] | None = None,
     boxes_need: int | None = None,
+    previous_timing: list[str] = (),
+    images: tuple[int, int] | None = None,
 ) -> dict:
     """The train_stage rule: plan the stage from its inputs (recipe.stage_inputs: the rule's params), run it, publish
     it into timing_path's folder. ``run_stages``: the run's outline, for the progress line's ETA only.
     ``boxes_need``: the size the data's boxes need (recipe.boxes_need_img), which may raise an early phase's img.
+    Under the recipe's time budget the stage sizes its epochs from ``previous_timing`` (the previous stage's
+    timing.json, if any) and ``images`` (the training and validation images), see stagedyolo.recipe_budget.
 
     Folders are derived from the output path (R/stages/S/timing.json), so a Snakemake module's prefix applies.
     """
@@ -63,6 +68,16 @@ def train_stage(
     decision = read_json(Path(cache_decision))
     tuning = read_json(Path(probe[0])) if probe else {}
     spec, interval = inputs["spec"], inputs["telemetry_interval_s"]
+    if inputs.get("recipe_budget"):
+        decision_of_epochs = size_stage(
+            inputs["recipe_budget"],
+            previous=read_json(Path(previous_timing[0])) if previous_timing else None,
+            predictions={name: row.get("predicted_images_per_s") for name, row in (tuning.get("stages") or {}).items()},
+            first_rate=(tuning.get("payoff") or {}).get("at_images_per_s"),
+            images=images,
+            boxes_need=boxes_need,
+        )
+        spec = {**spec, "epochs": decision_of_epochs["epochs"], "epochs_decision": decision_of_epochs}
     settings = dict(
         stage=stage,
         data=data,

@@ -35,6 +35,7 @@ class StagePlan(TypedDict, total=False):
     weights_stamp: str | None  # size:mtime of the weights file: a retrained input is another plan
     cfg: str
     epochs: int
+    epochs_decision: dict | None  # how the recipe's time budget sized epochs (recipe_budget); None without one
     img: int
     img_decision: dict | None  # how the data's box sizes set img (recipe.stage_img); None where they did not
     val_img: int  # the size its validation loader loads at (recipe.target_img unless the stage names one)
@@ -159,6 +160,7 @@ def build_plan(
         weights_stamp=_file_stamp(weights),
         cfg=cfg,
         epochs=spec["epochs"],
+        epochs_decision=spec.get("epochs_decision"),
         img=img,
         img_decision=img_decision,
         val_img=spec.get("val_img") or img,  # a hand-built spec without it validates as yolov5 does

@@ -15,7 +15,7 @@ from stagedyolo.telemetry import Sampler
 
 # What timing_meta copies as is: from the plan (the second set may be missing), and from the worker's outcome.
 _PLAN_KEYS = ("stage", "batch", "workers", "img", "epochs", "gpus", "val_period", "plots", "nosave", "nominal_batch")
-_OPTIONAL_PLAN_KEYS = ("img_decision", "val_img", "time_budget_s")
+_OPTIONAL_PLAN_KEYS = ("img_decision", "val_img", "time_budget_s", "freeze", "epochs_decision")
 _OUTCOME_KEYS = ("amp", "amp_dtype", "amp_reason", "device", "image_cache", "stopped_by", "handover_on_stall")
 _ENGINE_KEYS = ("engine_mode", "patches", "sync_every_batches", "compile")
 

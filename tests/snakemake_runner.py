@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -19,6 +21,16 @@ def make_workdir(tmp: Path, *configs: str | Path) -> Path:
     for config in configs:
         shutil.copy(config, tmp / Path(config).name)
     return tmp
+
+
+def run_overlay(project: Path, overlay: dict, dataset: Path) -> Path:
+    """Run the whole workflow on ``dataset`` with ``overlay`` (its `run` names it) over the default config, in a
+    fresh working directory ``project``; returns the run's results folder."""
+    workdir = make_workdir(project)
+    path = workdir / f"{overlay['run']}.yaml"
+    path.write_text(yaml.safe_dump({**overlay, "dataset": str(dataset)}))
+    snakemake(workdir, configfiles=[path])
+    return workdir / "results" / overlay["run"]
 
 
 def snakemake(

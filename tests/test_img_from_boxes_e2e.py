@@ -4,9 +4,8 @@ raises a cheaper phase toward the target, and the probe, the image store and the
 import json
 
 import pytest
-import yaml
 from dataset_testing import make_dataset
-from snakemake_runner import make_workdir, snakemake
+from snakemake_runner import run_overlay
 
 pytestmark = pytest.mark.e2e
 
@@ -36,12 +35,7 @@ CONFIG = {
 
 
 def test_a_cheaper_phase_trains_at_the_size_its_boxes_need_and_every_job_sees_it(tmp_path):
-    data = make_dataset(tmp_path / "data", n_train=8, n_val=2)
-    workdir = make_workdir(tmp_path / "project")
-    (workdir / "boxes.yaml").write_text(yaml.safe_dump({**CONFIG, "dataset": str(data)}))
-    snakemake(workdir, configfiles=[workdir / "boxes.yaml"])
-
-    run = workdir / "results" / "boxes"
+    run = run_overlay(tmp_path / "project", CONFIG, make_dataset(tmp_path / "data", n_train=8, n_val=2))
     report = json.loads((run / "data" / "dataset_report.json").read_text())
     assert report["splits"]["train"]["box_short_side"]["min_img_for_95pct_at_stride"] == BOXES_NEED
     plan = {stage: json.loads((run / "stages" / stage / "stage.json").read_text()) for stage in CONFIG["stage_order"]}

@@ -295,6 +295,8 @@ CONFIG_KEYS = (
     "cache",
     "device",
     "epochs",
+    "epochs_decision",
+    "freeze",
     "threads",
     "gpus",
     "val_period",

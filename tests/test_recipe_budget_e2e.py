@@ -1,0 +1,49 @@
+"""The recipe's time budget through the real pipeline: each stage sizes its epochs at its start from the stages
+before it, records what decided them, and trains exactly that many."""
+
+import csv
+import json
+
+import pytest
+from dataset_testing import make_dataset
+from snakemake_runner import run_overlay
+
+pytestmark = pytest.mark.e2e
+
+STAGES = ["smoke", "finetune", "highres"]
+CONFIG = {
+    "run": "budget",
+    "model": {"weights": None},
+    "cache": {"mode": "ram"},
+    "probe": {"enabled": False},  # the first stage then trains its configured epoch; the later ones size from it
+    "stage_defaults": {"batch": 4, "workers": 0, "img": 64},
+    "stage_order": STAGES,
+    "stages": {
+        "smoke": {"epochs": 1, "start_from": "model"},
+        "finetune": {"epochs": 2, "val_period": 2},
+        "highres": {"epochs": 1, "img": 96},
+    },
+    "recipe_minutes": 1.0,  # several times what the configured epochs take here (about 20 s)
+    "export": {"enabled": False},
+}
+
+
+def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(tmp_path):
+    run = run_overlay(tmp_path / "project", CONFIG, make_dataset(tmp_path / "data", n_train=8, n_val=2))
+    stages = run / "stages"
+    timing = {stage: json.loads((stages / stage / "timing.json").read_text()) for stage in STAGES}
+    decision = {stage: timing[stage]["config"]["epochs_decision"] for stage in STAGES}
+    assert (decision["smoke"]["epochs"], decision["smoke"]["factor"]) == (1, None)  # nothing measured before it
+    assert decision["finetune"]["spent_s"] == pytest.approx(timing["smoke"]["wall_s"], abs=0.01)
+    assert decision["highres"]["spent_s"] == pytest.approx(
+        timing["smoke"]["wall_s"] + timing["finetune"]["wall_s"], abs=0.02
+    )
+    assert [m["stage"] for m in decision["highres"]["measured"]] == ["smoke", "finetune"]
+    assert decision["highres"]["basis"] == "finetune measured, scaled by the pixel ratio"
+    for stage in STAGES:
+        plan = json.loads((stages / stage / "stage.json").read_text())
+        rows = list(csv.DictReader((stages / stage / "results.csv").open()))
+        assert plan["epochs"] == decision[stage]["epochs"] == timing[stage]["epochs_completed"] == len(rows), stage
+        assert plan["epochs_decision"] == decision[stage]
+    # the budget is several times the configured training, so the stage sized from measurements trains more epochs
+    assert decision["finetune"]["epochs"] > CONFIG["stages"]["finetune"]["epochs"], decision["finetune"]
