@@ -33,20 +33,24 @@ from stagedyolo.recipe import stage_img
 
 
 def measured_costs(timing: dict) -> dict:
-    """A finished stage's figures from its timing.json: the median seconds of an epoch's training, of a checkpoint
-    and of a validation, and its fixed seconds (its wall-clock less its epochs: set-up and ending)."""
+    """A finished stage's figures from its timing.json: the seconds of a steady epoch's training (the median of its
+    epochs after the first, which carries the process's one-off costs), of a checkpoint and of a validation, and its
+    fixed seconds: its wall-clock less a steady epoch's costs for each epoch (set-up, the first epoch's extra,
+    the ending)."""
     epochs = [e for e in timing["epochs"] if e.get("complete")] or timing["epochs"]
     parts = ("train_s", "val_s", "checkpoint_s", "logging_s", "other_s")
     validated = [e["val_s"] for e in epochs if e.get("validated")]
     saved = [e["checkpoint_s"] for e in epochs if e.get("saved")]
+    steady = median(e["train_s"] for e in epochs[1:] or epochs)
+    in_epochs = sum(e.get(p) or 0.0 for e in timing["epochs"] for p in parts) - (epochs[0]["train_s"] - steady)
     return {
         "stage": timing["stage"],
         "img": timing["config"]["img"],
         "freeze": timing["config"].get("freeze") or 0,
-        "train_epoch_s": round(median(e["train_s"] for e in epochs), 4),
+        "train_epoch_s": round(steady, 4),
         "val_s": round(median(validated), 4) if validated else None,
         "checkpoint_s": round(median(saved), 4) if saved else 0.0,
-        "fixed_s": round(max(0.0, timing["wall_s"] - sum(e.get(p) or 0.0 for e in timing["epochs"] for p in parts)), 4),
+        "fixed_s": round(max(0.0, timing["wall_s"] - in_epochs), 4),
     }
 
 
@@ -92,6 +96,19 @@ def size_stage(
         "factor": round(factor, 4),
         "basis": costs[0]["basis"],
         "predicted_s": round(predicted, 2),
+    }
+
+
+def budgeted_settings(spec: dict, decision: dict) -> dict:
+    """The stage settings a budget decides: its epochs, the record of why, and its time_budget_min capped at what
+    is left of the recipe's budget, so that a stage slower than predicted ends at an epoch boundary (validated and
+    saved, engine.stopping) instead of running past the budget. At least one epoch always runs."""
+    left_min = max(decision["left_s"], 0.0) / 60 or 1e-3
+    own = spec.get("time_budget_min")
+    return {
+        "epochs": decision["epochs"],
+        "epochs_decision": decision,
+        "time_budget_min": min(own, left_min) if own else left_min,
     }
 
 

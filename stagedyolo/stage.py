@@ -27,7 +27,7 @@ from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
 from stagedyolo.probe.stages import compare_prediction
-from stagedyolo.recipe_budget import size_stage
+from stagedyolo.recipe_budget import budgeted_settings, size_stage
 from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
 from stagedyolo.telemetry import build_timing, write_timing
 from stagedyolo.tune import tune_stage
@@ -77,7 +77,7 @@ def train_stage(
             images=images,
             boxes_need=boxes_need,
         )
-        spec = {**spec, "epochs": decision_of_epochs["epochs"], "epochs_decision": decision_of_epochs}
+        spec = {**spec, **budgeted_settings(spec, decision_of_epochs)}
     settings = dict(
         stage=stage,
         data=data,

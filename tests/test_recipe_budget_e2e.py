@@ -45,5 +45,6 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
         rows = list(csv.DictReader((stages / stage / "results.csv").open()))
         assert plan["epochs"] == decision[stage]["epochs"] == timing[stage]["epochs_completed"] == len(rows), stage
         assert plan["epochs_decision"] == decision[stage]
+        assert plan["time_budget_s"] == pytest.approx(max(decision[stage]["left_s"], 0.06), abs=0.01)  # a backstop
     # the budget is several times the configured training, so the stage sized from measurements trains more epochs
     assert decision["finetune"]["epochs"] > CONFIG["stages"]["finetune"]["epochs"], decision["finetune"]
