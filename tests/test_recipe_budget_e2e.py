@@ -43,7 +43,10 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
     for stage in STAGES:
         plan = json.loads((stages / stage / "stage.json").read_text())
         rows = list(csv.DictReader((stages / stage / "results.csv").open()))
-        assert plan["epochs"] == decision[stage]["epochs"] == timing[stage]["epochs_completed"] == len(rows), stage
+        assert plan["epochs"] == decision[stage]["epochs"] and timing[stage]["epochs_completed"] == len(rows), stage
+        # it trains them all, unless it ran slower than predicted and the budget's backstop ended it at an epoch
+        ended_early = timing[stage]["stopped_by"] == "time_budget"
+        assert len(rows) < plan["epochs"] if ended_early else len(rows) == plan["epochs"], (stage, len(rows))
         assert plan["epochs_decision"] == decision[stage]
         assert plan["time_budget_s"] == pytest.approx(max(decision[stage]["left_s"], 0.06), abs=0.01)  # a backstop
     # the budget is several times the configured training, so the stage sized from measurements trains more epochs
