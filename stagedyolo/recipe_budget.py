@@ -21,7 +21,8 @@ each stage sizes itself at its start, from what the stages before it measured:
 Each stage corrects what the estimates before it missed, so the error left is the last stage's own estimate. The
 pixel ratio overstates what a smaller size saves where fixed per-image costs dominate (a 128-px epoch of the demo
 took 0.95x a 160-px one on a 2-core CPU), so there the last stage, at the target size, is predicted dearer than it
-is and the recipe ends under budget rather than over it. A stage's epochs follow the measurements, so a rerun may
+is and the recipe ends under budget rather than over it; and no stage may run past what is left (budgeted_settings),
+so one slower than predicted ends at an epoch boundary. A stage's epochs follow the measurements, so a rerun may
 train another number of them; a resumed stage plans from the same inputs and so keeps its epochs.
 """
 
