@@ -69,15 +69,7 @@ def train_stage(
     tuning = read_json(Path(probe[0])) if probe else {}
     spec, interval = inputs["spec"], inputs["telemetry_interval_s"]
     if inputs.get("recipe_budget"):
-        decision_of_epochs = size_stage(
-            inputs["recipe_budget"],
-            previous=read_json(Path(previous_timing[0])) if previous_timing else None,
-            predictions={name: row.get("predicted_images_per_s") for name, row in (tuning.get("stages") or {}).items()},
-            first_rate=(tuning.get("payoff") or {}).get("at_images_per_s"),
-            images=images,
-            boxes_need=boxes_need,
-        )
-        spec = {**spec, **budgeted_settings(spec, decision_of_epochs)}
+        spec = _sized_to_budget(spec, inputs["recipe_budget"], tuning, previous_timing, images, boxes_need)
     settings = dict(
         stage=stage,
         data=data,
@@ -120,6 +112,19 @@ def train_stage(
         )
         shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
     return outcome
+
+
+def _sized_to_budget(spec: dict, budget: dict, tuning: dict, previous_timing, images, boxes_need) -> dict:
+    """The stage's spec with the epochs (and time cap) the recipe's time budget gives it (stagedyolo.recipe_budget)."""
+    decision = size_stage(
+        budget,
+        previous=read_json(Path(previous_timing[0])) if previous_timing else None,
+        predictions={name: row.get("predicted_images_per_s") for name, row in (tuning.get("stages") or {}).items()},
+        first_rate=(tuning.get("payoff") or {}).get("at_images_per_s"),
+        images=images,
+        boxes_need=boxes_need,
+    )
+    return {**spec, **budgeted_settings(spec, decision)}
 
 
 def run_stage(

@@ -23,7 +23,7 @@ CONFIG = {
         "finetune": {"epochs": 2, "val_period": 2},
         "highres": {"epochs": 1, "img": 96},
     },
-    "recipe_minutes": 1.0,  # several times what the configured epochs take here (about 20 s)
+    "recipe_minutes": 1.5,  # several times what the configured epochs take here (20-40 s, under CI's two workers)
     "export": {"enabled": False},
 }
 
@@ -50,4 +50,5 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
         assert plan["epochs_decision"] == decision[stage]
         assert plan["time_budget_s"] == pytest.approx(max(decision[stage]["left_s"], 0.06), abs=0.01)  # a backstop
     # the budget is several times the configured training, so the stage sized from measurements trains more epochs
-    assert decision["finetune"]["epochs"] > CONFIG["stages"]["finetune"]["epochs"], decision["finetune"]
+    finetune = decision["finetune"]
+    assert finetune["factor"] > 1 and finetune["epochs"] == round(2 * finetune["factor"]) > 2, finetune

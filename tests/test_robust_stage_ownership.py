@@ -28,7 +28,8 @@ SNAKEFILE = f"""
 from stagedyolo.recipe import stage_inputs
 
 rule train_stage:
-    input: data="data/data.yaml", dataset_report="dataset_report.json", cache="cache.json", weights=[], probe=[]
+    input:
+        data="data/data.yaml", dataset_report="dataset_report.json", cache="cache.json", weights=[], probe=[], gate=[]
     output: timing="results/r/stages/{{stage}}/timing.json"
     log: "results/r/logs/{{stage}}.log"
     threads: 1
