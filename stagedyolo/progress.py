@@ -11,6 +11,8 @@ epoch can replace before the next poll (on a loaded 2-core machine a tiny stage'
 ETAs: the stage's is its remaining epochs at its mean epoch time so far (validation and checkpoints included),
 capped by its time budget. The run's adds every later stage's epochs at that same time per epoch, scaled by its
 pixel count ((img / this img)^2): a rough figure, since a frozen backbone or another batch trains at another speed.
+Under the recipe's time budget (`recipe_minutes`) the later stages fill what is left of it, so the run's ETA is the
+budget's end (run_eta_s).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class ProgressReport:
             "mean_epoch_s": round(mean_epoch_s, 3),
             "map50": round(map50, 4) if math.isfinite(map50) else None,
             "stage_eta_s": round(stage_eta, 1),
-            "run_eta_s": round(stage_eta + later_stages_s(self.plan, mean_epoch_s), 1),
+            "run_eta_s": round(run_eta_s(self.plan, stage_eta, mean_epoch_s, now - self.stop.started_at), 1),
             "stopping": self.stop.reason,
             "updated": now,
         }
@@ -82,13 +84,25 @@ def record_progress(work_dir: Path, record: dict) -> None:
         history.write(json.dumps(record) + "\n")
 
 
+def run_eta_s(plan: dict, stage_eta_s: float, mean_epoch_s: float, elapsed_s: float) -> float:
+    """This stage's ETA plus the later stages'. Under the recipe's time budget (the plan's epochs_decision) each later
+    stage sizes itself at its start to fill what the stages before it left (stagedyolo.recipe_budget), so the run
+    ends about when the budget does, ``left_s`` from this stage's start, unless this stage runs past it. Without a
+    budget the later stages train their configured epochs (later_stages_s)."""
+    decision = plan.get("epochs_decision")
+    if decision and _later_stages(plan):
+        return max(stage_eta_s, decision["left_s"] - elapsed_s)
+    return stage_eta_s + later_stages_s(plan, mean_epoch_s)
+
+
 def later_stages_s(plan: dict, mean_epoch_s: float) -> float:
     """The stages after this one, at this stage's time per epoch scaled by their pixel count."""
+    return sum(entry["epochs"] * mean_epoch_s * (entry["img"] / plan["img"]) ** 2 for entry in _later_stages(plan))
+
+
+def _later_stages(plan: dict) -> list[dict]:
     names = [entry["stage"] for entry in plan.get("run_stages") or []]
-    if plan["stage"] not in names:
-        return 0.0
-    later = plan["run_stages"][names.index(plan["stage"]) + 1 :]
-    return sum(entry["epochs"] * mean_epoch_s * (entry["img"] / plan["img"]) ** 2 for entry in later)
+    return plan["run_stages"][names.index(plan["stage"]) + 1 :] if plan["stage"] in names else []
 
 
 def duration(seconds: float | None) -> str:

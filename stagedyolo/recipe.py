@@ -247,6 +247,13 @@ def probe_stage_specs(config: dict) -> dict:
     }
 
 
+def planned_training_s(config: dict) -> float | None:
+    """The recipe's time budget in seconds (recipe_minutes), else None: where set, the planned training lasts that
+    long whatever its epochs (stagedyolo.recipe_budget). Read by the probe's script, like planned_epochs."""
+    minutes = config.get("recipe_minutes")
+    return 60.0 * float(minutes) if minutes else None
+
+
 def planned_epochs(config: dict) -> int:
     """All stages' epochs together: with the training image count, the probe's estimate of the planned training,
     whose share may lengthen its budget. Read by the probe's script from the config, not passed as a rule param, so

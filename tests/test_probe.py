@@ -351,6 +351,11 @@ def test_after_the_first_model_run_each_part_of_the_rest_is_measured_only_where_
     assert ran == ["model", "model", "loader", "loader", "loader", "stage", "stage"]
     assert measured["payoff"]["candidates"]["measured"] and measured["payoff"]["stage_loops"]["measured"]
 
+    ran.clear()  # the same 256 images under a 20-minute recipe_minutes: the training lasts 1200 s, so all pays
+    measured = measure_cpu({**two_stages, "planned_train_images": 256, "planned_training_s": 1200.0})
+    assert ran == ["model", "model", "loader", "loader", "loader", "stage", "stage"]
+    assert (measured["payoff"]["training_s"], measured["payoff"]["training_from"]) == (1200.0, "recipe_minutes")
+
     ran.clear()  # probe.stop_when_unpaid: false measures everything, unjudged
     measured = measure_cpu({**two_stages, "planned_train_images": 256, "stop_when_unpaid": False})
     assert measured["payoff"] is None and ran[-2:] == ["stage", "stage"]

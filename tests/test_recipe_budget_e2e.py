@@ -49,6 +49,11 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
         assert len(rows) < plan["epochs"] if ended_early else len(rows) == plan["epochs"], (stage, len(rows))
         assert plan["epochs_decision"] == decision[stage]
         assert plan["time_budget_s"] == pytest.approx(max(decision[stage]["left_s"], 0.06), abs=0.01)  # a backstop
+    # the progress line's run ETA is the budget's end: the later stages fill what smoke leaves of the 90 s, which its
+    # own one epoch (a few seconds) and the later stages' configured three would come nowhere near
+    smoke_line = (run / "logs" / "stages" / "smoke.log").read_text().split("run ETA ")[-1].split()[0]
+    hours, minutes, seconds = map(int, smoke_line.split(":"))
+    assert 90 - timing["smoke"]["wall_s"] - 5 <= 3600 * hours + 60 * minutes + seconds <= 90, smoke_line
     # the budget is several times the configured training, so the stage sized from measurements trains more epochs
     finetune = decision["finetune"]
     assert finetune["factor"] > 1 and finetune["epochs"] == round(2 * finetune["factor"]) > 2, finetune

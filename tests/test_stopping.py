@@ -8,7 +8,7 @@ import pytest
 
 from stagedyolo.engine.hooks import ValidationSchedule
 from stagedyolo.engine.stopping import EpochStop
-from stagedyolo.progress import PROGRESS_FILE, ProgressRelay, later_stages_s, progress_line, record_progress
+from stagedyolo.progress import PROGRESS_FILE, ProgressRelay, later_stages_s, progress_line, record_progress, run_eta_s
 
 NAN = math.nan
 
@@ -91,6 +91,17 @@ def test_run_eta_scales_later_stages_by_pixels():
         ],
     }
     assert later_stages_s(plan, mean_epoch_s=10.0) == 3 * 10.0 * 4  # a is done; c: 4x the pixels
+    assert run_eta_s(plan, stage_eta_s=20.0, mean_epoch_s=10.0, elapsed_s=5.0) == 20.0 + 120.0
+
+
+def test_run_eta_under_a_time_budget_is_the_budgets_end():
+    outline = [{"stage": "a", "epochs": 9, "img": 64}, {"stage": "b", "epochs": 3, "img": 128}]
+    plan = {"stage": "a", "img": 64, "run_stages": outline, "epochs_decision": {"left_s": 300.0}}
+    # b will be sized to what a leaves of the 300 s, whatever its configured 3 epochs would take
+    assert run_eta_s(plan, stage_eta_s=40.0, mean_epoch_s=10.0, elapsed_s=100.0) == 200.0
+    assert run_eta_s(plan, stage_eta_s=250.0, mean_epoch_s=10.0, elapsed_s=100.0) == 250.0  # a itself runs past it
+    last = {**plan, "stage": "b", "img": 128}
+    assert run_eta_s(last, stage_eta_s=30.0, mean_epoch_s=10.0, elapsed_s=100.0) == 30.0  # nothing after it
 
 
 def test_progress_line_and_relay_print_each_epoch_once(tmp_path):

@@ -130,6 +130,7 @@ def measure_all(
         len(model_plan) + len(loader_plan) + stage_runs_planned,
         request["budget_s"],
         request.get("planned_train_images") or 0,
+        planned_training_s=request.get("planned_training_s"),
     )
     warm = WarmShapes()
     model_runs, payoff = measure_model_candidates(

@@ -28,7 +28,15 @@ from stagedyolo.stage_plan import available_cores
 PROBE_VERSION = 5
 # Request keys that differ between runs of the same thing: this run's files (replaced by fingerprints), its deadline
 # and the planned training that may lengthen it (the budget setting itself is in the key).
-PER_RUN_KEYS = ("data_list", "image_store", "weights", "out", "deadline_unix", "planned_train_images")
+PER_RUN_KEYS = (
+    "data_list",
+    "image_store",
+    "weights",
+    "out",
+    "deadline_unix",
+    "planned_train_images",
+    "planned_training_s",
+)
 
 
 def reuse_key(request: dict, weights: list[str]) -> str:

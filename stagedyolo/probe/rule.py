@@ -140,12 +140,14 @@ def plan_request(
     image_store: str | None = None,
     planned_epochs: int | None = None,
     boxes_need: int | None = None,
+    planned_training_s: float | None = None,
 ) -> dict:
     """What the child measures, each stage at the size it will train at (``boxes_need``: recipe.stage_img).
     ``batches``: the batch sizes to time the model at (default: all of settings["batch"]; recipe.probe_batches narrows
     them to those a stage can take). ``stages``: each training stage's speed settings (recipe.probe_stage_specs),
     whose steady images/s the probe predicts. ``planned_epochs`` (all stages together, recipe.planned_epochs) lets the
-    budget grow to TRAINING_SHARE of the planned training.
+    budget grow to TRAINING_SHARE of the planned training; ``planned_training_s`` (recipe.planned_training_s, the
+    recipe's time budget) is that training's length where the recipe has one.
 
     On CPU the model is timed at every torch thread count a worker candidate leaves it (cpu_budget), because that is
     what compute really gets while the workers load. Whether CUDA is there is the child's to find out (it imports
@@ -163,6 +165,7 @@ def plan_request(
     return {
         "data_list": str(data_list),
         "planned_train_images": (planned_epochs or 0) * train_images,  # the budget's TRAINING_SHARE
+        "planned_training_s": planned_training_s,  # recipe_minutes: the training's length whatever the rate
         "cache": None if cache_mode == "none" else cache_mode,
         "image_store": image_store if cache_mode == "ram" else None,
         "hyp": stage_hyp(stage_defaults["lr0"], stage_defaults.get("hyp") or {}),
@@ -270,7 +273,7 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
         f"is timed for at least {request['min_steps']} steps, until its halves agree within "
         f"{request['stable_within']:.0%} or {request['max_seconds']} s run out (flagged stable: false)",
         f"budget: {request['budget_s']:g} s for the whole probe, imports included, or {TRAINING_SHARE:.0%} of the "
-        f"planned training ({request['planned_train_images']} images at the fastest rate measured) if longer; each "
+        f"planned training ({_planned_training(request)}) if longer; each "
         f"run gets an equal share of what is left when it starts, and one whose share runs out ends with the steps "
         f"it timed (cut_by_budget, at least {MIN_TIMED_STEPS}); a candidate run that would leave the stage loops "
         f"less than their least time is not measured (status skipped)",
@@ -345,7 +348,9 @@ def payoff_notes(payoff: dict | None) -> list[str]:
     """One note per part of the probe judged not to pay (MeasuringBudget.payoff), with its figures."""
     if payoff is None:
         return []
-    head = f"the planned training takes about {payoff['training_s']:g} s (at {payoff['at_images_per_s']:g} images/s)"
+    by_budget = payoff.get("training_from") == "recipe_minutes"
+    source = "recipe_minutes" if by_budget else f"at {payoff['at_images_per_s']:g} images/s"
+    head = f"the planned training takes about {payoff['training_s']:g} s ({source})"
     what = {
         "candidates": "the other candidates were not measured: the choice may save {share:.0%} of it, {worth_s:g} s, "
         "less than the {cost_s:g} s they would take; the stages keep their defaults for workers, batch and amp",
@@ -357,6 +362,12 @@ def payoff_notes(payoff: dict | None) -> list[str]:
         for part in what
         if unpaid(payoff, part)
     ]
+
+
+def _planned_training(request: dict) -> str:
+    if request.get("planned_training_s"):
+        return f"recipe_minutes: {request['planned_training_s']:g} s"
+    return f"{request['planned_train_images']} images at the fastest rate measured"
 
 
 def unpaid_stages(request: dict) -> dict:

@@ -44,7 +44,10 @@ class MeasuringBudget:
     """Shares the seconds until ``deadline`` among the measurements still to run: each gets an equal part of what
     is left when it starts, so one that ends early (stable, or a loader that is plainly fast enough) leaves its
     unused time to the later ones. ``budget_s``: the seconds the deadline allows from the probe's start, which
-    ``note_rate`` lengthens to TRAINING_SHARE of the planned training (``planned_train_images``) when that is longer.
+    ``note_rate`` lengthens to TRAINING_SHARE of the planned training when that is longer. The planned training is
+    ``planned_train_images`` at the fastest rate measured, or ``planned_training_s`` where the recipe has a time
+    budget (recipe_minutes): the stages then train as many epochs as fill it, so the rate changes their epochs,
+    not its length.
     """
 
     def __init__(
@@ -54,18 +57,25 @@ class MeasuringBudget:
         budget_s: float = 0.0,
         planned_train_images: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        planned_training_s: float | None = None,
     ):
         self.deadline, self.runs_left, self.clock = deadline, max(runs, 1), clock
         self.started = None if deadline is None else deadline - budget_s
-        self.planned_train_images, self.fastest = planned_train_images, 0.0
+        self.planned_train_images, self.planned_training_s, self.fastest = planned_train_images, planned_training_s, 0.0
+
+    @property
+    def training_s(self) -> float:
+        """The planned training's seconds: the recipe's time budget, else the planned images at the fastest rate so
+        far (so not overestimated); 0 while neither is known."""
+        if self.planned_training_s:
+            return self.planned_training_s
+        return self.planned_train_images / self.fastest if self.fastest > 0 else 0.0
 
     def note_rate(self, images_per_s: float | None) -> None:
-        """A training rate just measured. The planned training is timed at the fastest so far, so its length is
-        not overestimated."""
+        """A training rate just measured: the budget may grow to TRAINING_SHARE of the planned training."""
         self.fastest = max(self.fastest, images_per_s or 0.0)
-        if self.deadline is not None and self.planned_train_images > 0 and self.fastest > 0:
-            share_s = TRAINING_SHARE * self.planned_train_images / self.fastest
-            self.deadline = max(self.deadline, self.started + share_s)
+        if self.deadline is not None and self.training_s > 0:
+            self.deadline = max(self.deadline, self.started + TRAINING_SHARE * self.training_s)
 
     @property
     def allowed_s(self) -> float | None:
@@ -79,14 +89,14 @@ class MeasuringBudget:
 
     def payoff(self, cuda: bool, candidate_runs: int, loop_runs: int) -> dict | None:
         """Whether each part of the rest of the probe pays for itself, once a rate is known: the candidate runs may
-        save CHOICE_GAIN of the planned training (timed at the fastest rate so far, so not overestimated); the stage
+        save CHOICE_GAIN of the planned training (``training_s``; under a time budget, as epochs); the stage
         loops make only the predictions, which save no training time, so they may cost TRAINING_SHARE of it, the share
         the budget grants the probe. A part's cost is its runs' equal shares of the time left, as next_deadline spends
         it: an upper bound, since a run that is steady early ends early. None without a budget, a planned training or
         a rate."""
-        if self.deadline is None or self.planned_train_images <= 0 or self.fastest <= 0:
+        training_s = self.training_s
+        if self.deadline is None or training_s <= 0 or self.fastest <= 0:
             return None
-        training_s = self.planned_train_images / self.fastest
         left_s = max(self.deadline - self.clock(), 0.0)
 
         def part(worth_s: float, runs: int) -> dict:
@@ -101,6 +111,7 @@ class MeasuringBudget:
         return {
             "training_s": round(training_s, 1),
             "at_images_per_s": round(self.fastest, 3),
+            "training_from": "recipe_minutes" if self.planned_training_s else "the planned epochs",
             "candidates": {**part(CHOICE_GAIN[cuda] * training_s, candidate_runs), "share": CHOICE_GAIN[cuda]},
             "stage_loops": {**part(TRAINING_SHARE * training_s, loop_runs), "share": TRAINING_SHARE},
         }

@@ -1,7 +1,7 @@
 import psutil
 
 from stagedyolo.probe import probe_for_rule
-from stagedyolo.recipe import planned_epochs
+from stagedyolo.recipe import planned_epochs, planned_training_s
 
 probe_for_rule(
     snakemake.input.data,
@@ -19,5 +19,6 @@ probe_for_rule(
     threads=snakemake.threads,
     log_path=snakemake.log[0],
     planned_epochs=planned_epochs(snakemake.config),
+    planned_training_s=planned_training_s(snakemake.config),
     started_unix=psutil.Process().create_time(),  # the budget counts this process's start-up too
 )
