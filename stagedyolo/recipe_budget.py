@@ -154,3 +154,65 @@ def _epoch_costs(shape: dict, references: list[dict], predictions: dict, images:
         "fixed_s": ref["fixed_s"],
         "basis": f"{ref.get('source') or ref['stage'] + ' measured'}, scaled by {how}",
     }
+
+
+def budget_use(stages: list[dict]) -> dict | None:
+    """How the stages used the recipe's time budget, for the run report (``stages``: [{name, timing}] in run order):
+    per stage its configured and trained epochs, its factor, what was left at its start, its prediction and what it
+    took. None when no stage was sized by a budget."""
+    rows = [_budget_row(stage["name"], stage.get("timing") or {}) for stage in stages]
+    rows = [row for row in rows if row]
+    if not rows:
+        return None
+    budget_s, took_s = rows[0]["budget_s"], round(sum(row["took_s"] for row in rows), 1)
+    return {
+        "budget_s": budget_s,
+        "took_s": took_s,
+        "off_pct": round(100 * (took_s / budget_s - 1), 1) if budget_s > 0 else None,
+        "every_stage": len(rows) == len(stages),  # a stage with no timing.json is not counted
+        "stages": rows,
+    }
+
+
+def _budget_row(name: str, timing: dict) -> dict | None:
+    decision = (timing.get("config") or {}).get("epochs_decision")
+    if not decision:
+        return None
+    return {
+        "stage": name,
+        "budget_s": decision["budget_s"],
+        "configured": decision["configured"],
+        "epochs": decision["epochs"],
+        "trained": timing.get("epochs_completed"),
+        "factor": decision.get("factor"),
+        "left_s": decision["left_s"],
+        "predicted_s": decision.get("predicted_s"),
+        "took_s": round(float(timing["wall_s"]), 1),
+        "ended_by": timing.get("stopped_by"),
+        "basis": decision["basis"],
+    }
+
+
+def budget_markdown(use: dict | None) -> str:
+    """The run report's section on the time budget; empty without one."""
+    if not use:
+        return ""
+    off = "" if use["off_pct"] is None else f" ({use['off_pct']:+.1f} %)"
+    lines = [
+        "## Time budget (recipe_minutes)",
+        "",
+        f"The stages took {use['took_s']:.1f} s of the {use['budget_s']:.1f} s budget{off}. Each one trained its "
+        "configured epochs times a factor fitted at its start to what the stages before it left (docs/recipe.md); "
+        "a stage slower than predicted ends at an epoch boundary once the budget is spent (ended by time_budget).",
+        "",
+        "| stage | epochs configured | sized to | trained | factor | left at its start s | predicted s | took s "
+        "| ended by | predicted from |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in use["stages"]:
+        cells = [row[k] for k in ("stage", "configured", "epochs", "trained", "factor", "left_s", "predicted_s")]
+        cells += [row["took_s"], row["ended_by"] or "its epochs", row["basis"]]
+        lines.append("| " + " | ".join("n/a" if cell is None else str(cell) for cell in cells) + " |")
+    if not use["every_stage"]:
+        lines += ["", "A stage without a timing.json is left out of the sum."]
+    return "\n".join(lines) + "\n"

@@ -302,7 +302,7 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     run's env.json, whose first-job stamp starts the fixed costs' clock (stagedyolo.fixed_costs)."""
     import pandas as pd
 
-    from stagedyolo import fixed_costs
+    from stagedyolo import fixed_costs, recipe_budget
     from stagedyolo.evaluate import markdown as test_markdown
 
     out = Path(out_dir)
@@ -327,6 +327,9 @@ def build_report(stage_dirs: dict, out_dir, test_metrics=None, env=None) -> dict
     )
     data["fixed_costs"] = costs
     costs_md = fixed_costs.markdown(costs)
+    data["time_budget"] = recipe_budget.budget_use(stages)
+    budget_md = recipe_budget.budget_markdown(data["time_budget"])
+    costs_md += f"\n{budget_md}" if budget_md else ""
     paths["table_md"].write_text(
         f"# Stages\n\n{df.to_markdown(index=False, floatfmt='.4g')}\n\n{costs_md}\n{test_md}\n{diag_md}\n"
     )

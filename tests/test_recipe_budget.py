@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from stagedyolo.recipe import budget_inputs, stage_inputs, stage_names
-from stagedyolo.recipe_budget import budgeted_settings, measured_costs, size_stage
+from stagedyolo.recipe_budget import budget_markdown, budget_use, budgeted_settings, measured_costs, size_stage
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 FIXTURES = Path(__file__).parent / "fixtures" / "recipe_budget"
@@ -122,3 +122,20 @@ def test_no_stage_may_run_past_what_is_left_of_the_budget():
     assert budgeted_settings({"time_budget_min": 1.0}, decision)["time_budget_min"] == 1.0  # the stage's own is less
     spent = budgeted_settings({"time_budget_min": None}, {"epochs": 1, "left_s": -4.0})
     assert 0 < spent["time_budget_min"] < 0.01  # one epoch, then it ends
+
+
+def test_the_report_sums_what_each_budgeted_stage_took_against_the_budget():
+    config = budgeted(2)
+    smoke = {**recorded("smoke"), "stopped_by": None}
+    smoke["config"]["epochs_decision"] = size(config, "smoke", None)
+    frozen = recorded("frozen", freeze=10)
+    frozen["config"]["epochs_decision"] = size(config, "frozen", smoke)
+    stages = [{"name": "smoke", "timing": smoke}, {"name": "frozen", "timing": frozen}, {"name": "finetune"}]
+    use = budget_use(stages)
+    assert use["budget_s"] == 120 and use["took_s"] == round(smoke["wall_s"], 1) + round(frozen["wall_s"], 1)
+    assert [row["epochs"] for row in use["stages"]] == [2, frozen["config"]["epochs_decision"]["epochs"]]
+    assert not use["every_stage"]  # finetune has no timing.json yet
+    section = budget_markdown(use)
+    assert f"The stages took {use['took_s']:.1f} s of the 120.0 s budget ({use['off_pct']:+.1f} %)" in section
+    assert "| smoke | 2 | 2 |" in section and "left out of the sum" in section
+    assert budget_use([{"name": "smoke", "timing": recorded("smoke")}]) is None and budget_markdown(None) == ""

@@ -54,6 +54,13 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
     smoke_line = (run / "logs" / "stages" / "smoke.log").read_text().split("run ETA ")[-1].split()[0]
     hours, minutes, seconds = map(int, smoke_line.split(":"))
     assert 90 - timing["smoke"]["wall_s"] - 5 <= 3600 * hours + 60 * minutes + seconds <= 90, smoke_line
+    # the run report says how the stages used the budget, from the same figures
+    use = json.loads((run / "report" / "plot_data.json").read_text())["time_budget"]
+    assert [row["stage"] for row in use["stages"]] == STAGES and use["budget_s"] == 90.0 and use["every_stage"]
+    assert use["took_s"] == pytest.approx(sum(t["wall_s"] for t in timing.values()), abs=0.2)
+    assert [row["epochs"] for row in use["stages"]] == [decision[stage]["epochs"] for stage in STAGES]
+    summary = (run / "report" / "summary.md").read_text()
+    assert f"The stages took {use['took_s']:.1f} s of the 90.0 s budget" in summary
     # the budget is several times the configured training, so the stage sized from measurements trains more epochs
     finetune = decision["finetune"]
     assert finetune["factor"] > 1 and finetune["epochs"] == round(2 * finetune["factor"]) > 2, finetune
