@@ -162,6 +162,10 @@ def test_the_untuned_recipe_spends_what_its_smaller_size_saves_on_fine_tune_epoc
         # the stages still hand the LR down one line to about lr0/100 (each lrf is rounded to two places)
         assert math.prod(stage["hyp"]["lrf"] for stage in spent["stages"].values()) == pytest.approx(0.01, rel=0.15)
     assert [s["epochs"] for s in untuned_config("det", data, weights, 320, 14, 14)["stages"].values()] == [2, 4, 31, 6]
+    # --small-share 0.5 at a 480-px target: every phase before the last at 256 px, the control's pixels there
+    half = untuned_config("det", data, weights, 480, 14, 14, boxes_need=224, small_share=0.5)
+    assert [(s["epochs"], s.get("img")) for s in half["stages"].values()] == [(2, 256), (4, 256), (78, 256), (6, None)]
+    assert _pixels(half) <= 30 * 480**2 < _pixels(half) + 256**2
 
 
 def test_the_savings_are_counted_at_the_size_the_boxes_let_the_phases_train_at(tmp_path):
