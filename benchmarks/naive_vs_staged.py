@@ -796,6 +796,11 @@ def run_repeat(
             if outside_stages_s is not None:
                 longest = next(r for r in runs if r["side"] == "control" and r["budget"] == max(budgets))
                 minutes = (control_share * longest["wall_s"] - outside_stages_s) / 60
+                if minutes <= 0:
+                    raise SystemExit(
+                        f"--sized-to-control: {control_share} x the control's {longest['wall_s']:.1f} s "
+                        f"leaves nothing after {outside_stages_s} s outside the stages"
+                    )
                 config = {**config, "recipe_minutes": round(minutes, 3)}
             last_staged = run_staged(config, folder / "staged")
             last_staged["recipe_minutes"] = config.get("recipe_minutes")
