@@ -106,6 +106,18 @@ the target the smaller phase bought no more than its pixels. Command: `python be
 30.4 --sized-to-control-share 0.5 --skip restart,newcomer --split-from
 benchmarks/results/naive_vs_staged_budget_equal.json --name naive_vs_staged_det480_half`, seeds 0, 1, 2.
 
+The same at equal time (added 2026-12-07, written and committed after naive_vs_staged_det480_half's figures and
+before any of its own; no target changed). That run gave the recipe half the control's time and it reached no target
+(0.247 / 0.195 / 0.311 against 0.602 / 0.603 / 0.669). This one gives the same recipe (det at 480 px, `--small-share
+0.5`, the shape 2, 4, 78 at 256, 6 at 480) the same repeat's whole control wall less 30.4 s (`--sized-to-control
+30.4`, share 1.0), otherwise as that run. Reading, fixed in advance: with the whole wall within 1.05x the control's,
+the recipe is ahead at equal time where it reaches the control's best at <= 1.0x; at 0.5, the one fixed target the
+control reaches, a ratio above 1.0 misses the goal "never above 1.0x"; its best mAP50 against the half-time run's says
+what doubling the time bought. Expected before the run: behind at equal time (ending near 0.45). Command: `python
+benchmarks/naive_vs_staged.py --datasets det --det-img 480 --det-train 160 --det-val 40 --det-budgets 30
+--small-share 0.5 --sized-to-control 30.4 --skip restart,newcomer --split-from
+benchmarks/results/naive_vs_staged_det480_half.json --name naive_vs_staged_det480_equal`, seeds 0, 1, 2.
+
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
   model.weights = the pretrained.pt. Clock: from the snakemake call's start (Snakemake's start-up, verify_env,
