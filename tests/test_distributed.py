@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -311,6 +312,94 @@ def test_an_orphan_started_while_its_group_was_ours_is_still_ended(tmp_path):
         _kill_leftovers([orphan] if orphan else [])
 
 
+@pytest.mark.parametrize("adopts_orphans", [True, False])
+def test_a_loader_its_rank_started_after_the_last_refresh_is_ours_only_as_our_child(tmp_path, adopts_orphans):
+    """The rank (a session of its own, as torch elastic starts it) is seen; 2 s later, with no refresh between,
+    it starts a loader that ignores SIGTERM, and dies. The loader's start time is after the group was last confirmed
+    (by more than the boot time's whole-second rounding), so only its being handed back to us proves it ours."""
+    from stagedyolo.launch.parent_watch import orphans_come_back
+    from stagedyolo.launch.process_tree import ProcessTree
+
+    pid_file = tmp_path / "loader"
+    rank = (
+        "import subprocess, sys, time; time.sleep(2.0); "
+        "loader = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(loader.pid))"
+    )
+    root_code = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True); time.sleep(60)"
+    )
+    loader = tree = None
+    with orphans_come_back() as handed_back:
+        if not handed_back:
+            pytest.skip("no child subreaper on this system (Linux only)")
+        root = subprocess.Popen([sys.executable, "-c", root_code], start_new_session=True)
+        try:
+            _wait_for(lambda: psutil.Process(root.pid).children(), within_s=20)
+            tree = ProcessTree(root.pid, adopts_orphans=adopts_orphans)  # sees the root and the rank, once
+            _wait_for(lambda: pid_file.exists() and pid_file.read_text(), within_s=20)
+            loader = int(pid_file.read_text())
+            _wait_for(lambda: psutil.Process(loader).ppid() == os.getpid(), within_s=10)  # its rank is gone
+            tree.sweep()
+            assert (loader in [p.pid for p in tree.alive()]) == adopts_orphans
+            if adopts_orphans:
+                root.kill()
+                root.wait()
+                assert tree.kill_all() == [loader]
+                tree.reap_adopted()
+                assert not psutil.pid_exists(loader)  # no zombie of ours left behind
+        finally:
+            if tree is not None:
+                tree.release()
+            root.kill()
+            root.wait()
+            _kill_leftovers([loader] if loader else [])
+            if loader:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(loader, 0)
+
+
+def test_while_supervising_orphans_are_handed_to_the_supervisor_and_the_setting_is_restored_after(tmp_path):
+    pid_file, parent_file = tmp_path / "loader", tmp_path / "parent"
+    rank = (
+        "import subprocess, sys; loader = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(loader.pid))"
+    )
+    root = (  # the rank has exited, so its loader has been re-parented already
+        "import subprocess, sys, psutil; "
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True).wait(); "
+        f"open({str(parent_file)!r}, 'w').write(str(psutil.Process(int(open({str(pid_file)!r}).read())).ppid()))"
+    )
+    before = _child_subreaper()
+    # A child of ours from before, in a session of its own (as another stage's would be): not the stage's to end.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    loader = None
+    try:
+        result = supervise([sys.executable, "-c", root], None, grace_s=1.0)
+        loader = int(pid_file.read_text())
+        assert result.returncode == 0
+        assert int(parent_file.read_text()) == os.getpid()  # not init: the kernel handed the orphan to us
+        assert not psutil.pid_exists(loader)  # ended, and reaped: no zombie of ours left
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        _kill_leftovers([loader] if loader else [])
+    assert _child_subreaper() == before  # nothing else in this process changes
+
+
+def _child_subreaper() -> int:
+    """This process's PR_GET_CHILD_SUBREAPER (Linux)."""
+    import ctypes
+    import ctypes.util
+
+    value = ctypes.c_int(-1)
+    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(37, ctypes.byref(value), 0, 0, 0)
+    return value.value
+
+
 def _leader_with_one_sleeper(pid_file: Path, before: str = "", after: str = "") -> subprocess.Popen:
     """A new session whose leader runs `before`, starts one sleeping child in its group, writes the child's pid to
     `pid_file`, then runs `after`."""
@@ -411,12 +500,11 @@ class FakeStage:
 # needs one, overlaps those imports and the stages' waits.
 STAGE_SETTINGS = {
     "stopped": dict(grace_s=2.0),
-    # The rank dies at step 3: 0.4-s steps put that 1.2 s after its loader starts, past the supervisor's half-second
-    # refresh. With 0.05-s steps (0.15 s) this test failed once in three CI runs on two loaded cores, both loaders
-    # left running: a loader started less than one refresh before its rank dies may never be remembered. The cause is
-    # not pinned down (one rank seen for 1.5 s, its loader started 0.05 s before it died, was cleaned up 3 times of 3).
-    # A real DataLoader worker watches its parent and leaves on its own; this fake one never does, the worst case.
-    "dying_rank": dict(job_options=("--die-rank", "1", "--step-s", "0.4"), grace_s=1.0),
+    # The rank dies at step 3, 0.15 s after its loader starts: inside the supervisor's half-second refresh, so the
+    # loader is found only because the kernel hands it back to the supervisor (child subreaper). Before that, this test
+    # failed once in three CI runs on two loaded cores, both loaders left running. A real DataLoader worker watches
+    # its parent and leaves on its own; this fake one never does, the worst case.
+    "dying_rank": dict(job_options=("--die-rank", "1"), grace_s=1.0),
     # The timeout also bounds the ranks' first rendezvous, so it leaves room for a rank that imports torch slowly.
     "hung_rank": dict(job_options=("--hang-rank", "1"), grace_s=1.0, ddp_timeout_s=8),
     "supervisor_killed": dict(job_options=("--loader-watches-parent",), grace_s=2.0),

@@ -10,13 +10,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 
 from .process_tree import is_running
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# from <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _libc_prctl():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
 
 
 def parent_death_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], None] | None:
@@ -28,7 +35,7 @@ def parent_death_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], Non
     """
     if not sys.platform.startswith("linux"):
         return None
-    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    prctl = _libc_prctl()
     parent_pid = os.getpid()
 
     def set_parent_death_signal() -> None:
@@ -37,6 +44,31 @@ def parent_death_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], Non
             os.kill(os.getpid(), death_signal)
 
     return set_parent_death_signal
+
+
+@contextlib.contextmanager
+def orphans_come_back() -> Iterator[bool]:
+    """While inside, the kernel hands this process every orphaned descendant (Linux's child subreaper) instead of
+    init; yields whether it does. The previous setting is restored on leaving.
+
+    A dataloader worker whose rank dies is re-parented: as our child, it is provably one of ours, whenever it was
+    started (ProcessTree). The caller reaps what it adopts; an adopted process that ends meanwhile stays a zombie of
+    this process until then, holding nothing but its pid.
+    """
+    if not sys.platform.startswith("linux"):
+        yield False
+        return
+    prctl = _libc_prctl()
+    before = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:
+        yield False
+        return
+    took = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield took
+    finally:
+        if took:
+            prctl(_PR_SET_CHILD_SUBREAPER, before.value, 0, 0, 0)
 
 
 def exit_when_parent_dies(poll_s: float = 1.0, grace_s: float = 5.0) -> threading.Thread:

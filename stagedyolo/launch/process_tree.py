@@ -9,6 +9,9 @@ import time
 
 import psutil
 
+# The roots of this process's trees that adopt orphans; normally one (a stage supervises one worker at a time).
+_ADOPTING_ROOTS: set[int] = set()
+
 # After SIGKILL a process is gone at once unless it sits in uninterruptible I/O; don't wait for that forever.
 _AFTER_KILL_WAIT_S = 5.0
 
@@ -28,16 +31,26 @@ class ProcessTree:
     the root; they stay in the rank's process group, which is how ``sweep`` finds them again. psutil.Process
     remembers each process's start time, so a PID reused by an unrelated process is never signalled. A group id
     can be reused too, once every member of the group is gone: ``sweep`` adopts a process of a known group only if
-    it was started while the group was provably ours (see _confirm_groups).
+    it was started while the group was provably ours (see _confirm_groups). That start time is only as exact as the
+    kernel's boot time, whole seconds, so a process started within a refresh of its parent's death may be missed;
+    with ``adopts_orphans`` (this process is the child subreaper: parent_watch.orphans_come_back) every orphan of
+    the tree is handed back as our child, and adopted whenever it started: by the tree whose group it is in or,
+    where no tree knows its group (a rank that died before any refresh saw it), by the only adopting tree there is.
+    A child we had before the root started is never adopted; ``release`` ends a tree's claim.
     """
 
-    def __init__(self, root_pid: int) -> None:
+    def __init__(self, root_pid: int, adopts_orphans: bool = False) -> None:
         self.root_pid = root_pid
+        self.adopts_orphans = adopts_orphans
+        if adopts_orphans:
+            _ADOPTING_ROOTS.add(root_pid)
         self._known: dict[int, psutil.Process] = {}
         self._groups: dict[int, float] = {}  # group id -> last time (epoch s) a remembered member was seen in it
         # Never signal the supervisor itself or its own group/session, whatever a descendant does.
         self._protected_pid = os.getpid()
         self._protected_groups = {os.getpgid(0), os.getsid(0)}
+        # Our children from before the root started are not its orphans (a caller's own helpers, other stages).
+        self._children_before = set(psutil.Process(self._protected_pid).children()) if adopts_orphans else set()
         self.refresh()
 
     def refresh(self) -> None:
@@ -47,9 +60,40 @@ class ProcessTree:
             processes = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             processes = []
+        if self.adopts_orphans:
+            processes += self._orphans_handed_back()
         for process in processes:
             self._remember(process)
         self._confirm_groups()
+
+    def release(self) -> None:
+        """Stop claiming orphans that no tree knows (call once the root's processes are all ended)."""
+        _ADOPTING_ROOTS.discard(self.root_pid)
+
+    def _orphans_handed_back(self) -> list[psutil.Process]:
+        """Our children that are this tree's orphans (see the class), and their descendants."""
+        only_adopter = _ADOPTING_ROOTS == {self.root_pid}
+        orphans = []
+        for child in psutil.Process(self._protected_pid).children():
+            if child.pid in _ADOPTING_ROOTS or child in self._children_before:  # not an orphan handed back
+                continue
+            try:
+                if only_adopter or os.getpgid(child.pid) in self._groups:
+                    orphans += [child, *child.children(recursive=True)]
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+        return orphans
+
+    def reap_adopted(self) -> None:
+        """Collect the exit status of every ended orphan handed back to us, so that none lingers as our zombie.
+
+        Never the root: its Popen collects it."""
+        for process in list(self._known.values()):
+            if process.pid == self.root_pid or is_running(process):
+                continue
+            with contextlib.suppress(ChildProcessError, psutil.NoSuchProcess):
+                if process.ppid() == self._protected_pid:
+                    os.waitpid(process.pid, os.WNOHANG)
 
     def sweep(self) -> None:
         """Also remember processes that left the tree but are still in one of its process groups."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .parent_watch import parent_death_preexec
+from .parent_watch import orphans_come_back, parent_death_preexec
 from .process_tree import ProcessTree
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -72,32 +72,28 @@ def supervise(
     timeout_s: float | None = None,
 ) -> SupervisedResult:
     """Like run_supervised, but also says whether a signal stopped the stage and what had to be SIGKILLed."""
-    stop = _StopRequests()
-    previous_handlers = _install_handlers(stop)
-    proc: subprocess.Popen | None = None
-    tree: ProcessTree | None = None
-    result = SupervisedResult(returncode=-1)
-    try:
-        proc = start_session(argv, env, cwd=cwd, stdout=stdout, stderr=stderr)
-        tree = ProcessTree(proc.pid)
-        stop.attach(proc.pid, tree)
-        if on_start is not None:
-            on_start(proc.pid)
-        timeout_at = None if timeout_s is None else time.monotonic() + timeout_s
-        result.returncode, result.killed_pids = _wait_for_child(proc, tree, stop, grace_s, timeout_at)
-    finally:
+    # Orphans come back to us while the child runs: a loader whose rank died is then provably ours.
+    with orphans_come_back() as adopts_orphans:
+        stop = _StopRequests()
+        previous_handlers = _install_handlers(stop)
+        proc: subprocess.Popen | None = None
+        tree: ProcessTree | None = None
+        result = SupervisedResult(returncode=-1)
         try:
-            if proc is not None and tree is not None:
-                # Whatever outlived the child (ranks, dataloader workers) gets SIGTERM, then SIGKILL at the bound.
-                started = stop.first_at if stop.first_at is not None else time.monotonic()
-                result.killed_pids += tree.end_all(deadline=max(started + grace_s, time.monotonic() + 0.5))
-            if proc is not None and proc.poll() is None:  # only if on_start or the wait itself raised
-                proc.kill()
-                proc.wait()
+            proc = start_session(argv, env, cwd=cwd, stdout=stdout, stderr=stderr)
+            tree = ProcessTree(proc.pid, adopts_orphans=adopts_orphans)
+            stop.attach(proc.pid, tree)
+            if on_start is not None:
+                on_start(proc.pid)
+            timeout_at = None if timeout_s is None else time.monotonic() + timeout_s
+            result.returncode, result.killed_pids = _wait_for_child(proc, tree, stop, grace_s, timeout_at)
         finally:
-            _restore_handlers(previous_handlers)
-    result.stop_signal, result.timed_out = stop.first_signal, stop.timed_out
-    return result
+            try:
+                result.killed_pids += _end_what_is_left(proc, tree, stop, grace_s)
+            finally:
+                _restore_handlers(previous_handlers)
+        result.stop_signal, result.timed_out = stop.first_signal, stop.timed_out
+        return result
 
 
 def run_supervised(argv: Sequence[str], env: Mapping[str, str] | None, **options) -> int:
@@ -125,6 +121,25 @@ def start_session(argv: Sequence[str], env: Mapping[str, str] | None, **popen_op
         preexec_fn=parent_death_preexec(signal.SIGTERM),
         **popen_options,
     )
+
+
+def _end_what_is_left(
+    proc: subprocess.Popen | None, tree: ProcessTree | None, stop: _StopRequests, grace_s: float
+) -> list[int]:
+    """Whatever outlived the child (ranks, dataloader workers) gets SIGTERM, then SIGKILL at the bound; return
+    the SIGKILLed PIDs."""
+    killed = []
+    if proc is not None and tree is not None:
+        started = stop.first_at if stop.first_at is not None else time.monotonic()
+        try:
+            killed = tree.end_all(deadline=max(started + grace_s, time.monotonic() + 0.5))
+            tree.reap_adopted()
+        finally:
+            tree.release()
+    if proc is not None and proc.poll() is None:  # only if on_start or the wait itself raised
+        proc.kill()
+        proc.wait()
+    return killed
 
 
 def _wait_for_child(
