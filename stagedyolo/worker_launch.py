@@ -68,4 +68,5 @@ def worker_command(plan: StagePlan, plan_path: Path, env: dict) -> tuple[list[st
         env=env,
         stage=plan["stage"],
         device=plan["device"],
+        log_dir=plan_path.parent / "torchrun",
     )

@@ -130,6 +130,15 @@ def test_the_stage_launches_its_worker_on_the_named_visible_gpu(tmp_path, monkey
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
 
 
+def test_a_ddp_stage_keeps_torchruns_logs_in_its_own_folder(tmp_path):
+    from stagedyolo.worker_launch import worker_command
+
+    plan = {"stage": "finetune", "device": "0,1", "gpus": 2, "batch": 8}
+    argv, _ = worker_command(plan, tmp_path / "plan.json", {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert _option(argv, "--log-dir") == str(tmp_path / "torchrun")  # not a torchelastic_* folder in /tmp
+    assert argv.index("--log-dir") < argv.index("stagedyolo.engine.worker")  # torchrun's option, not the worker's
+
+
 def test_an_explicit_device_the_scheduler_did_not_give_is_rejected():
     with pytest.raises(
         LaunchError, match=r"device '2': GPU index 2 is not among the 2 that CUDA_VISIBLE_DEVICES='4,5'"
@@ -450,7 +459,9 @@ SUPERVISOR_SOURCE = """
 import dataclasses, json, sys
 from stagedyolo.launch import build_stage_command, supervise
 spec = json.loads(sys.argv[1])
-argv, env = build_stage_command(spec["job"], 2, 4, ddp_timeout_s=spec["ddp_timeout_s"], rank_shutdown_s=2)
+argv, env = build_stage_command(
+    spec["job"], 2, 4, ddp_timeout_s=spec["ddp_timeout_s"], rank_shutdown_s=2, log_dir=spec["pid_dir"] + "/torchrun"
+)
 on_start = lambda pid: open(spec["pid_dir"] + "/launcher.json", "w").write(json.dumps({"launcher": pid}))
 result = supervise(argv, env, grace_s=spec["grace_s"], on_start=on_start)
 open(spec["pid_dir"] + "/result", "w").write(json.dumps(dataclasses.asdict(result)))
@@ -539,6 +550,7 @@ def test_sigterm_to_the_supervisor_ends_every_rank_and_worker_within_the_grace(f
     loaders = {json.loads((stage.pid_dir / f"rank{rank}.json").read_text())["loader"] for rank in (0, 1)}
     assert loaders <= set(result["killed_pids"])
     assert time.monotonic() - stopped_at < 2.0 + 3  # the grace, plus SIGKILL and polling
+    assert any((stage.pid_dir / "torchrun").iterdir())  # torchrun's run folder is the stage's, not in /tmp
 
 
 def test_a_dying_rank_ends_the_stage_instead_of_hanging_it(fake_stages):

@@ -189,7 +189,9 @@ def _two_nodes(out: Path) -> list[tuple[list[str], dict[str, str]]]:
         RDZV_HOST_ENV: "127.0.0.1",  # both "nodes" are this host
         RDZV_PORT_ENV: str(_free_port()),
     }
-    argv, env = build_stage_command(_job_args(out), 2, TOTAL_BATCH, nodes=2, env=allocation, rank_shutdown_s=2)
+    argv, env = build_stage_command(
+        _job_args(out), 2, TOTAL_BATCH, nodes=2, env=allocation, rank_shutdown_s=2, log_dir=out / "torchrun"
+    )
     layout = slurm_layout(2, allocation)
     srun = srun_command(layout, thread_budget(allocation))
     assert argv[: len(srun)] == srun
@@ -199,7 +201,11 @@ def _two_nodes(out: Path) -> list[tuple[list[str], dict[str, str]]]:
 
 def _one_node(out: Path) -> list[tuple[list[str], dict[str, str]]]:
     """1 node x 4 ranks, as a stage with gpus: 4 launches today."""
-    return [build_stage_command(_job_args(out), 4, TOTAL_BATCH, env=_base_env(cores=8), rank_shutdown_s=2)]
+    return [
+        build_stage_command(
+            _job_args(out), 4, TOTAL_BATCH, env=_base_env(cores=8), rank_shutdown_s=2, log_dir=out / "torchrun"
+        )
+    ]
 
 
 @pytest.mark.e2e

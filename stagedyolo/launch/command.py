@@ -131,6 +131,7 @@ def build_stage_command(
     device: str | None = None,
     ddp_timeout_s: int = DEFAULT_DDP_TIMEOUT_S,
     rank_shutdown_s: int = DEFAULT_RANK_SHUTDOWN_S,
+    log_dir: str | os.PathLike | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that run ``python *worker_args`` for one stage: directly for one process, through
     torchrun when gpus > 1, and through srun starting torchrun on each node when nodes > 1.
@@ -141,6 +142,8 @@ def build_stage_command(
     port at the moment it listens and two stages on one host cannot race for it. Several nodes: the stage runs in a
     SLURM allocation and the port is fixed in advance (nodes.rendezvous_port). ``device``: the stage's device
     setting; explicit indices choose its GPUs among the visible ones (stage_gpu_env), on every node alike.
+    ``log_dir``: where torchrun keeps its per-run folder (the stage's own work folder); without it torchrun makes a
+    ``torchelastic_*`` folder in the system's temporary directory and leaves it there.
     """
     if not worker_args:
         raise LaunchError("worker_args is empty: pass at least ['-m', 'stagedyolo.engine.worker', <plan>]")
@@ -163,20 +166,27 @@ def build_stage_command(
     # An environment variable rather than --shutdown-timeout: older torchrun versions reject the flag.
     child_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(int(rank_shutdown_s))
     if nodes == 1:
-        return _torchrun_argv(python, worker_args, gpus, f"127.0.0.1:{0 if port is None else port}"), child_env
+        endpoint = f"127.0.0.1:{0 if port is None else port}"
+        return _torchrun_argv(python, worker_args, gpus, endpoint, log_dir=log_dir), child_env
     layout = slurm_layout(nodes, scheduler_env, stage, port)
-    agent = _torchrun_argv(python, worker_args, gpus, layout.endpoint, layout)
+    agent = _torchrun_argv(python, worker_args, gpus, layout.endpoint, layout, log_dir)
     return [*srun_command(layout, thread_budget(scheduler_env)), *agent], srun_environment(child_env)
 
 
 def _torchrun_argv(
-    python: str, worker_args: Sequence[str], gpus: int, endpoint: str, layout: NodeLayout | None = None
+    python: str,
+    worker_args: Sequence[str],
+    gpus: int,
+    endpoint: str,
+    layout: NodeLayout | None = None,
+    log_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """One torchrun agent: ``gpus`` ranks on its node; with a layout, one of the layout's agents, which meet at its
     endpoint under the job's id (the agents of one stage, never another job's that reuses the port)."""
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
     if layout:
         rendezvous += ["--rdzv-id", layout.job_id]
+    logs = [] if log_dir is None else ["--log-dir", str(log_dir)]  # each agent makes its own folder inside
     return [
         python,
         "-m",
@@ -189,5 +199,6 @@ def _torchrun_argv(
         # A failed rank fails the stage; retrying is Snakemake's job (--retries), not torchrun's.
         "--max-restarts",
         "0",
+        *logs,
         *worker_args,
     ]
