@@ -23,7 +23,7 @@ CONFIG = {
         "finetune": {"epochs": 2, "val_period": 2},
         "highres": {"epochs": 1, "img": 96},
     },
-    "recipe_minutes": 1.5,  # several times what the configured epochs take here (20-40 s, under CI's two workers)
+    "recipe_minutes": 1.5,  # more than the configured epochs take here (20-40 s; 60 s under CI's two workers, once)
     "export": {"enabled": False},
 }
 
@@ -61,6 +61,10 @@ def test_each_stage_sizes_its_epochs_from_the_stages_before_it_and_trains_them(t
     assert [row["epochs"] for row in use["stages"]] == [decision[stage]["epochs"] for stage in STAGES]
     summary = (run / "report" / "summary.md").read_text()
     assert f"The stages took {use['took_s']:.1f} s of the 90.0 s budget" in summary
-    # the budget is several times the configured training, so the stage sized from measurements trains more epochs
-    finetune = decision["finetune"]
-    assert finetune["factor"] > 1 and finetune["epochs"] == round(2 * finetune["factor"]) > 2, finetune
+    # each later stage trains its configured epochs times its factor; smoke leaves the fine-tune more than the
+    # configured training takes, so its factor is above 1. How far depends on the load: under CI's two workers smoke
+    # once took 24 s (factor 1.18, still 2 epochs); on a quiet machine the fine-tune gets several more.
+    for stage, configured in (("finetune", 2), ("highres", 1)):
+        sized = decision[stage]
+        assert sized["epochs"] == max(1, round(configured * sized["factor"])), (stage, sized)
+    assert decision["finetune"]["factor"] > 1, decision["finetune"]
