@@ -402,10 +402,11 @@ def test_while_supervising_orphans_are_handed_to_the_supervisor_and_the_setting_
 def _child_subreaper() -> int:
     """This process's PR_GET_CHILD_SUBREAPER (Linux)."""
     import ctypes
-    import ctypes.util
+
+    from stagedyolo.launch.parent_watch import _PR_GET_CHILD_SUBREAPER, _libc_prctl
 
     value = ctypes.c_int(-1)
-    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(37, ctypes.byref(value), 0, 0, 0)
+    _libc_prctl()(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0)
     return value.value
 
 
