@@ -23,7 +23,7 @@ CONFIG = {
         "finetune": {"epochs": 2, "val_period": 2},
         "highres": {"epochs": 1, "img": 96},
     },
-    "recipe_minutes": 1.5,  # more than the configured epochs take here (20-40 s; 60 s under CI's two workers, once)
+    "recipe_minutes": 1.5,  # more than the configured epochs take here (20-40 s; smoke alone once 24 s under CI)
     "export": {"enabled": False},
 }
 
