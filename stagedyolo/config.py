@@ -73,8 +73,9 @@ def coerce_cli_strings(config: dict, schema: dict) -> dict:
     """Give values from `snakemake --config` the type the schema asks for.
 
     Snakemake parses a nested --config value (`stages={finetune: {epochs: 3}}`) with YAML's BaseLoader, so
-    every leaf arrives as a string ("3"). A string where the schema does not allow one is read as YAML; a
-    string where the schema allows strings is left alone (a run named "001" stays "001").
+    every leaf arrives as a string ("3"). A string the schema does not take as it is is read as YAML; a string
+    where the schema allows strings, or one of its string constants, is left alone (a run named "001" stays "001",
+    workers "auto" stays "auto", workers "0" becomes 0).
     """
     return _coerce(config, schema, schema)
 
@@ -89,7 +90,7 @@ def _coerce(value, node: dict, root: dict):
         }
     if isinstance(value, list):
         return [_coerce(v, node.get("items", {}), root) for v in value]
-    if isinstance(value, str) and node and not _allows_string(node, root):
+    if isinstance(value, str) and node and not _string_fits(value, node, root):
         import yaml
 
         try:
@@ -112,16 +113,18 @@ def _resolve(node: dict, root: dict) -> dict:
     return node
 
 
-def _allows_string(node: dict, root: dict) -> bool:
+def _string_fits(value: str, node: dict, root: dict) -> bool:
+    """Whether the schema node takes ``value`` as the string it is: any string where the type allows strings, else
+    only its own constants ("auto" for workers, whose other values are integers: "0" is then read as YAML)."""
     kinds = node.get("type")
     if kinds is not None:
         return "string" in (kinds if isinstance(kinds, list) else [kinds])
     if "enum" in node:
-        return all(isinstance(v, str) for v in node["enum"])
+        return value in node["enum"]
     if "const" in node:
-        return isinstance(node["const"], str)
+        return value == node["const"]
     if "oneOf" in node:
-        return any(_allows_string(_resolve(sub, root), root) for sub in node["oneOf"])
+        return any(_string_fits(value, _resolve(sub, root), root) for sub in node["oneOf"])
     return True
 
 

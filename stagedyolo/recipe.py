@@ -173,11 +173,14 @@ SIZE_KEYS = ("img", "img_from_boxes", "target_img", "val_img")
 
 def image_store_stages(config: dict) -> list[dict]:
     """The stages whose cache may be ram (auto or ram), by the keys that decide their sizes: what cache_dataset
-    builds the image store for. Empty when cache.prebuild_ram is off."""
+    builds the image store for, once per distinct set of sizes. It is cache_dataset's param, whose rerun reruns every
+    stage, so a stage added or changed at sizes another stage already loads at changes nothing. Empty when
+    cache.prebuild_ram is off."""
     if not config["cache"].get("prebuild_ram", True):
         return []
     specs = [stage_spec(config, stage) for stage in stage_names(config)]
-    return [{key: spec[key] for key in SIZE_KEYS} for spec in specs if spec["cache"] in ("auto", "ram")]
+    sizes = [{key: spec[key] for key in SIZE_KEYS} for spec in specs if spec["cache"] in ("auto", "ram")]
+    return [dict(items) for items in sorted({tuple(entry.items()) for entry in sizes}, key=repr)]
 
 
 def image_store_sizes(stages: list[dict], boxes_need: int | None = None) -> dict[str, list[int]]:
@@ -233,18 +236,36 @@ SPEED_KEYS = (
 )
 
 
-def probe_stage_specs(config: dict) -> dict:
-    """Each stage's speed-relevant settings, for the probe's per-stage predictions. Epochs, the LR and the hyp keys
-    other than the augmentations are left out: they do not change a step's cost, and a probe rerun reruns every stage
-    after it, so changing a stage's `hyp.lrf` must rerun that stage and the ones after it, not the probe."""
-    specs = {stage: stage_spec(config, stage) for stage in stage_names(config)}
+def speed_spec(spec: dict) -> dict:
+    """The part of a resolved stage spec its step's cost depends on: what the probe predicts the stage's images/s
+    from. Epochs, the LR and the hyp keys other than the augmentations are left out: they do not change a step's
+    cost."""
     return {
-        stage: {
-            **{key: spec[key] for key in SPEED_KEYS},
-            "hyp": {key: spec["hyp"][key] for key in AUGMENTATION_KEYS if key in spec["hyp"]},
-        }
-        for stage, spec in specs.items()
+        **{key: spec[key] for key in SPEED_KEYS},
+        "hyp": {key: spec["hyp"][key] for key in AUGMENTATION_KEYS if key in spec["hyp"]},
     }
+
+
+def probe_stage_specs(config: dict) -> dict:
+    """Each stage's speed-relevant settings, for the probe's per-stage predictions (read by the probe's script from
+    the config; probe_rerun_stages says when they are also a rule param)."""
+    return {stage: speed_spec(stage_spec(config, stage)) for stage in stage_names(config)}
+
+
+def probe_rerun_stages(config: dict) -> dict | None:
+    """The stages' speed settings as the probe rule's param, which reruns the probe and with it every stage: only
+    under a time budget, where each stage sizes its epochs from the probe's predictions of itself and of the stages
+    after it. Without one a prediction is only set beside the rate the stage measured, and a change to one stage's
+    speed settings (its mosaic, workers, batch) reruns that stage and the ones after it, through their own params:
+    the earlier stages keep their training, and the changed stage reports no prediction, since the probe measured
+    it at other settings (probe.stages.prediction_for)."""
+    return probe_stage_specs(config) if config.get("recipe_minutes") else None
+
+
+def probe_engine(config: dict) -> dict:
+    """The engine settings of the first stage, whose step the probe's model runs time when it chooses (a rule param:
+    the choice depends on it)."""
+    return stage_spec(config, stage_names(config)[0])["engine"]
 
 
 def planned_training_s(config: dict) -> float | None:

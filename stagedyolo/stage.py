@@ -26,7 +26,7 @@ from stagedyolo.engine.offline import engine_environment
 from stagedyolo.engine.worker import EXIT_NONFINITE, EXIT_OOM
 from stagedyolo.jsonio import read_json, replaced_atomically, write_json
 from stagedyolo.launch import OWNER_FILE, FolderOwned, explicit_gpu_indices, owning
-from stagedyolo.probe.stages import compare_prediction
+from stagedyolo.probe.stages import compare_prediction, prediction_for
 from stagedyolo.recipe_budget import budgeted_settings, size_stage
 from stagedyolo.stage_plan import RUNTIME_KEYS, StagePlan, build_plan, plan_digest, retry_batch
 from stagedyolo.telemetry import build_timing, write_timing
@@ -108,7 +108,7 @@ def train_stage(
             engine_home=engine_home,
             telemetry_interval=interval,
             tune=tune,
-            prediction=(tuning.get("stages") or {}).get(stage),
+            prediction=prediction_for(tuning, stage, inputs["spec"]),
         )
         shutil.rmtree(tune_dir, ignore_errors=True)  # kept until the stage is published: a retry reuses its decision
     return outcome

@@ -41,6 +41,9 @@ def test_command_line_values_get_the_schema_types():
     config = {"run": "001", "stages": {"finetune": {"epochs": "3", "amp": "true", "batch": "auto"}}, "device": "0"}
     coerced = coerce_cli_strings(config, SCHEMA)
     assert coerced["stages"]["finetune"] == {"epochs": 3, "amp": True, "batch": "auto"}
+    # an integer or auto: "auto" is kept, a number is read as one (it failed validation as the string "0")
+    numbers = coerce_cli_strings({"stages": {"finetune": {"workers": "0", "batch": "16"}}}, SCHEMA)
+    assert numbers["stages"]["finetune"] == {"workers": 0, "batch": 16}
     assert coerced["run"] == "001" and coerced["device"] == "0"  # strings where the schema allows strings
 
 

@@ -207,12 +207,19 @@ def test_changing_one_stage_reruns_exactly_it_and_what_follows(tiny_run):
         ("tune={measure_batches: 7}", 0),  # no tiny stage tunes: none reads the window
         ("stages={highres: {img: 128}}", 4),  # the target size: every stage validates at it
         ("stages={finetune: {hyp: {lrf: 0.2}}}", 2),  # its LR line: finetune and highres, which starts from it
-        ("stages={smoke: {hyp: {mosaic: 0.5}}}", 4),  # an augmentation changes a step's cost: the probe reruns
+        ("stages={smoke: {hyp: {mosaic: 0.5}}}", 4),  # the first stage's augmentation: it and all after it
+        # A later stage's speed settings rerun it and what follows, not the probe and every stage before it
+        # (its prediction is dropped instead: recipe.probe_rerun_stages).
+        ("stages={highres: {hyp: {mosaic: 0.5}}}", 1),
+        ("stages={finetune: {workers: 0}}", 2),
+        # A stage added after the last at its size: it alone (the image store already holds that size).
+        (("stage_order=[smoke,frozen,finetune,highres,polish]", "stages={polish: {epochs: 1, img: 96}}"), 1),
     ],
 )
 def test_a_config_setting_outside_the_stage_reruns_exactly_the_stages_that_read_it(tiny_run, change, stages_rerun):
     workdir, _, _ = tiny_run
-    result = snakemake(workdir, "-n", "--config", change, configfiles=configs(workdir))
+    changes = (change,) if isinstance(change, str) else change
+    result = snakemake(workdir, "-n", "--config", *changes, configfiles=configs(workdir))
     assert planned_jobs(result.stdout).get("train_stage", 0) == stages_rerun, result.stdout[-3000:]
 
 

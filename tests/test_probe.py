@@ -18,9 +18,9 @@ from stagedyolo.probe.child import (
 )
 from stagedyolo.probe.reuse import reuse_key, unmeasured
 from stagedyolo.probe.rule import plan_request
-from stagedyolo.probe.stages import STEADY_BASIS, compare_prediction
+from stagedyolo.probe.stages import STEADY_BASIS, compare_prediction, prediction_for
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget
-from stagedyolo.recipe import probe_stage_specs
+from stagedyolo.recipe import probe_rerun_stages, probe_stage_specs, stage_names, stage_spec
 
 CONFIG = yaml.safe_load(open("config/config.yaml"))
 
@@ -196,6 +196,10 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
     assert stages["a"]["settings"]["workers"] == tuning["choice"]["workers"]
     measured_groups = tuning["measurements"]["stages"]
     assert len(measured_groups) == (2 if chosen_batch == 4 else 3)  # a and c train alike when the choice is 4
+    # Each prediction names the speed settings it was measured for, and each stage as it is now takes it up.
+    specs = probe_stage_specs(config)
+    assert all(stages[name]["measured_for"] == json.loads(json.dumps(specs[name])) for name in "abc")
+    assert all(prediction_for(tuning, name, stage_spec(config, name)) == stages[name] for name in "abc")
 
     # Every run times the step the stages run: the fast engine's step rows that apply on CPU.
     assert all(r["engine_rows"] == ["foreach_ema", "fused_optimizer"] for r in model_runs + measured_groups)
@@ -490,3 +494,37 @@ def test_a_step_shape_warms_up_in_full_once_per_image_size_batch_and_autocast_dt
     assert warm.steps(640, 16, False) == MODEL_WARMUP_STEPS  # fp32: other kernels, tuned anew
     assert warm.steps(640, 16, None) == SEEN_SHAPE_WARMUP_STEPS  # AMP off, however it is spelled
     assert warm.steps(640, 32, False) == warm.steps(320, 16, False) == MODEL_WARMUP_STEPS
+
+
+def test_a_stage_changed_after_the_probe_measured_it_reports_no_prediction_and_names_what_changed():
+    # Without a time budget a change to one stage's speed settings reruns that stage, not the probe (and with it
+    # every stage): the probe's figure for it is then of other settings, and the stage says so instead of using it.
+    spec = stage_spec(CONFIG, "highres")
+    entry = {
+        "predicted_images_per_s": 50.0,
+        "measured_for": json.loads(json.dumps(probe_stage_specs(CONFIG)["highres"])),
+    }
+    tuning = {"stages": {"highres": entry}}
+    assert prediction_for(tuning, "highres", spec) == entry
+    changed = {**spec, "workers": 1, "hyp": {**spec["hyp"], "mosaic": 0.5}}
+    stale = prediction_for(tuning, "highres", changed)
+    assert stale["predicted_images_per_s"] is None
+    assert "hyp.mosaic, workers changed" in stale["reason"] and "--forcerun probe" in stale["reason"]
+    assert (
+        compare_prediction(stale, {}, {"basis": STEADY_BASIS, "steady_images_per_s": 40.0})["reason"]
+        == (stale["reason"])
+    )
+    # the LR is no speed setting: a new lrf keeps the prediction
+    assert prediction_for(tuning, "highres", {**spec, "hyp": {**spec["hyp"], "lrf": 0.5}}) == entry
+    assert prediction_for({"stages": {}}, "highres", spec) is None  # no probe figure: nothing to compare
+    unrecorded = {"predicted_images_per_s": 50.0}  # a tuning.json from before measured_for: taken as it is
+    assert prediction_for({"stages": {"highres": unrecorded}}, "highres", changed) == unrecorded
+
+
+def test_the_stages_speed_settings_rerun_the_probe_only_under_a_time_budget():
+    # Under recipe_minutes every stage sizes itself from the probe's predictions of the stages after it, so those
+    # must be current; without it they are only reported, and a stage's own params rerun what changed.
+    assert probe_rerun_stages(CONFIG) is None
+    budgeted = {**CONFIG, "recipe_minutes": 30}
+    assert probe_rerun_stages(budgeted) == probe_stage_specs(budgeted)
+    assert set(probe_stage_specs(CONFIG)) == set(stage_names(CONFIG))

@@ -39,6 +39,9 @@ def test_every_stage_validates_at_the_last_stages_size_unless_it_names_its_own()
     untold = {**config, "stages": {**config["stages"], "c": {}}}  # the last stage at stage_defaults' img
     assert stage_spec(untold, "a")["val_img"] == CONFIG["stage_defaults"]["img"]
     assert image_store_sizes(image_store_stages(config)) == {"train": [96, 128, 192], "val": [128, 192]}  # no val 96
+    # A stage added at sizes another stage already loads at leaves cache_dataset's param, and so every stage, as is.
+    polished = {**config, "stages": {**stages, "d": {"img": 192}}}
+    assert image_store_stages(polished) == image_store_stages(config) and len(image_store_stages(config)) == 3
 
 
 def test_an_early_phase_trains_at_no_less_than_its_boxes_need_and_never_above_the_target():

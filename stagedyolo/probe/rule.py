@@ -83,6 +83,8 @@ def probe_for_rule(
     )
     request["deadline_unix"] = started_unix + request["budget_s"]  # this run's; not part of the reuse key
     tuning = reuse_or_measure(request, plan["weights"], plan["settings"], work=work, log_path=log_path)
+    for name, entry in tuning["stages"].items():  # what each stage was measured at, for a stage that changes later
+        entry["measured_for"] = (plan.get("stages") or {}).get(name)
     tuning["budget_s"]["rule_s"] = round(time.perf_counter() - started, 3)
     write_json(tuning_out, tuning)
     with open(log_path, "a") as log:

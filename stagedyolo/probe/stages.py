@@ -4,8 +4,11 @@ measured once."""
 
 from __future__ import annotations
 
+import json
+
 from stagedyolo.engine.amp import decide_amp
 from stagedyolo.engine.options import AUGMENTATION_KEYS
+from stagedyolo.recipe import speed_spec
 from stagedyolo.stage_plan import resolve_resources
 from stagedyolo.telemetry.summary import STEADY_BASIS
 
@@ -58,6 +61,30 @@ def predictions(stage_runs: list[dict]) -> dict:
                 "seconds": run.get("seconds"),
             }
     return out
+
+
+def prediction_for(tuning: dict, stage: str, spec: dict) -> dict | None:
+    """tuning.json's prediction for ``stage`` if the probe measured it at the speed settings ``spec`` (the stage's
+    resolved spec) has now. Without a time budget a change to one stage's speed settings reruns that stage and not
+    the probe (recipe.probe_rerun_stages), so its prediction may be of other settings: it is dropped, with why."""
+    entry = (tuning.get("stages") or {}).get(stage)
+    measured_for = (entry or {}).get("measured_for")
+    if measured_for is None:
+        return entry
+    now, then = _flat(json.loads(json.dumps(speed_spec(spec)))), _flat(measured_for)  # json: as tuning.json holds it
+    changed = sorted(key for key in {*now, *then} if now.get(key) != then.get(key))
+    if not changed:
+        return entry
+    return {
+        "predicted_images_per_s": None,
+        "reason": f"the probe measured this stage before its {', '.join(changed)} changed; "
+        "`snakemake --forcerun probe` measures it again (and reruns every stage)",
+    }
+
+
+def _flat(spec: dict) -> dict:
+    """A speed spec with its hyp keys as hyp.<key>, to name what changed."""
+    return {**{k: v for k, v in spec.items() if k != "hyp"}, **{f"hyp.{k}": v for k, v in spec.get("hyp", {}).items()}}
 
 
 # The acceptance band for a prediction: the stage's measured steady images/s within +-25 % of it.

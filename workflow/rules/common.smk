@@ -10,8 +10,9 @@ from stagedyolo.recipe import (
     image_store_stages,
     previous_stage,
     probe_batches,
+    probe_engine,
     probe_needed,
-    probe_stage_specs,
+    probe_rerun_stages,
     stage_names,
     stage_inputs,
     stage_spec,
@@ -80,8 +81,14 @@ def get_probe_batches():
 
 
 def get_probe_stages():
-    """Each stage's speed-relevant settings: the probe predicts every stage's images/s from them."""
-    return probe_stage_specs(config)
+    """The stages' speed settings, a param of the probe only under a time budget (recipe.probe_rerun_stages):
+    without one, changing a later stage's mosaic or workers reruns that stage, not the probe and every stage."""
+    return probe_rerun_stages(config)
+
+
+def get_probe_engine():
+    """The step the probe's model runs time: the first stage's engine settings."""
+    return probe_engine(config)
 
 
 def get_stage_weights(wildcards):

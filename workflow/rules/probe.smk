@@ -17,7 +17,8 @@ rule probe:
     params:
         probe=config["probe"],
         batches=get_probe_batches(),
-        stages=get_probe_stages(),
+        stages=get_probe_stages(),  # a rerun trigger only; the script reads the stages from the config
+        engine=get_probe_engine(),
         stage_defaults=config["stage_defaults"],
         cfg=config["model"]["cfg"],
         device=config["device"],

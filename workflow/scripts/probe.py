@@ -1,7 +1,7 @@
 import psutil
 
 from stagedyolo.probe import probe_for_rule
-from stagedyolo.recipe import planned_epochs, planned_training_s
+from stagedyolo.recipe import planned_epochs, planned_training_s, probe_stage_specs
 
 probe_for_rule(
     snakemake.input.data,
@@ -11,7 +11,7 @@ probe_for_rule(
     tuning_out=snakemake.output.tuning,
     settings=snakemake.params.probe,
     batches=snakemake.params.batches,
-    stages=snakemake.params.stages,
+    stages=probe_stage_specs(snakemake.config),  # as they are now: not all of them are rule params
     stage_defaults=snakemake.params.stage_defaults,
     cfg=snakemake.params.cfg,
     device=snakemake.params.device,
