@@ -82,7 +82,8 @@ def get_probe_batches():
 
 def get_probe_stages():
     """The stages' speed settings, a param of the probe only under a time budget (recipe.probe_rerun_stages):
-    without one, changing a later stage's mosaic or workers reruns that stage, not the probe and every stage."""
+    without one, changing a later stage's mosaic or workers reruns that stage, not the probe and every stage.
+    """
     return probe_rerun_stages(config)
 
 
