@@ -53,7 +53,7 @@ def evaluate_for_rule(
         from stagedyolo.engine.job import engine_job
 
         engine_home = Path(metrics_json).parent.parent / "engine"
-        with engine_job(engine_home, log_path, threads, rows=("ap_per_class_record",)) as patches:
+        with engine_job(engine_home, log_path, threads, rows=("ap_per_class_record", "complete_nms")) as patches:
             result = run_val(
                 weights,
                 data_yaml,

@@ -279,7 +279,9 @@ def test_the_test_split_is_scored_per_class_and_reported(tiny_run):
     ]
     assert len(list((run / "demo" / "target" / "images" / "test").glob("*.jpg"))) == 8
     assert [c["class"] for c in metrics["classes"]] == ["circle", "square", "triangle"]
-    assert {"ap_per_class_record", "atomic_save"} <= {row["name"] for row in metrics["patches"] if row["applied"]}
+    assert {"ap_per_class_record", "atomic_save", "complete_nms"} <= {
+        row["name"] for row in metrics["patches"] if row["applied"]
+    }
     assert [c["instances"] for c in metrics["classes"]] == [labels.count(str(k)) for k in range(3)]
     for row in [metrics["all"], *(c for c in metrics["classes"] if c["instances"])]:
         assert 0 <= row["ap50_95"] <= row["ap50"] <= 1

@@ -60,7 +60,7 @@ def test_nominal_batch_and_warmup_floor_reach_yolov5(tmp_path, nominal_batch, mi
 
     # A spec without an engine section trains in the default mode, and both records say which rows applied.
     engine = json.loads((tmp_path / "s" / "timing.json").read_text())["engine"]
-    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema"} <= set(
+    assert engine["mode"] == "fast" and {"nominal_batch", "warmup_floor", "foreach_ema", "complete_nms"} <= set(
         engine["patches_applied"]
     )
     assert engine["patches_not_applied"]["channels_last"] == "CUDA only: the stage runs on the CPU"

@@ -6,7 +6,8 @@ the others did not; the worker records that in stage.json and timing.json. docs/
 table (`python -m stagedyolo.engine.patches`), and a test keeps the two equal.
 
 Modes (`engine.mode`, per run or per stage):
-- `reproducible`: only the rows yolov5 needs to run here and that change no number it computes; a stage trains
+- `reproducible`: only the rows yolov5 needs to run here and that change no number it computes (but `complete_nms`,
+  which scores the images yolov5's NMS time limit would leave without detections); a stage trains
   bit-identically to `python -m yolov5.train` at the same settings (tests/test_engine_patches.py checks per-step
   losses on the CPU). A stage whose val_img differs from its img validates at val_img (its training is the same).
 - `fast`: those rows plus the speed rows, each behind a guard (most need CUDA). `engine.skip_patches` turns named
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from stagedyolo.engine import compat
+from stagedyolo.engine import compat, nms
 from stagedyolo.engine.continuation import Continuation
 from stagedyolo.engine.hooks import FaultInjection, NonFiniteLossGuard, ValidationSchedule, register
 from stagedyolo.engine.stopping import EpochStop, GainStall
@@ -595,6 +596,17 @@ PATCHES: tuple[Patch, ...] = (
         "always (val_period 1 validates every epoch, as yolov5)",
         "val_period 5 vs 1, frozen stage, 10 epochs: epoch train+val 0.822x (benchmarks/results/val_period.json)",
         _val_period,
+    ),
+    Patch(
+        "complete_nms",
+        "yolov5.val.non_max_suppression (every validation: a stage's, the test evaluation's)",
+        "yolov5 stops NMS once a batch has taken 0.5 + 0.05 x its size seconds and leaves the rest of the batch "
+        "without detections; on a CPU a model that emits many low-confidence boxes (a phase trained at a smaller "
+        "size, judged at the target size) passes it at most validations, understating mAP50 "
+        "(stagedyolo.engine.nms)",
+        "always (where NMS finishes within yolov5's limit, its detections and figures are yolov5's own)",
+        "det at 480 px, 2-core CPU: see docs/engine.md, 'Validation's NMS'",
+        lambda ctx: nms.complete_nms(),
     ),
     Patch(
         "epoch_stop",
