@@ -147,6 +147,13 @@ control's best 0.45-0.60, the stages' validations slower where their NMS was cut
 `python benchmarks/naive_vs_staged.py --datasets det --det-img 480 --det-train 160 --det-val 40 --det-budgets 30
 --small-share 0.5 --sized-to-control 30.4 --skip restart,newcomer --split-from
 benchmarks/results/naive_vs_staged_det480_share07.json --name naive_vs_staged_det480_nms`, seeds 0, 1, 2.
+Amended after its first repeat (2026-12-07; no target or reading changed): the row then ran yolov5's NMS to the end
+image by image, which took 9-12 s per validation batch early in the fine-tune (the control's early validations slowed
+too), so the budgeted recipe trained 2 frozen and 40 fine-tune epochs where det480_equal trained 2-3 and 52-56, and
+ended at 0.607 against the control's 0.602 (control_best at 0.960x; that repeat stopped, kept as
+`naive_vs_staged_det480_nms_slow.md`). The row now stops each image's NMS once it has val.py's 300 boxes (the same
+detections; one validation's NMS 9.68 -> 0.13 s), and the run starts again from that tree: same command, seeds,
+reading and expectation.
 
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,

@@ -1,7 +1,6 @@
 """complete_nms: validation scores every image, where yolov5's NMS time limit leaves some without detections."""
 
 import itertools
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -38,59 +37,61 @@ def test_past_its_time_limit_yolov5s_nms_leaves_images_without_detections(slow_c
     assert [len(image) for image in output[1:]] == [0, 0, 0]
 
 
-def test_complete_nms_scores_every_image_as_yolov5_does_without_its_limit(monkeypatch):
+def test_stagedyolos_nms_scores_every_image_where_yolov5s_would_cut_them(slow_clock):
     prediction = predictions()
-    unhurried = general.non_max_suppression(prediction, **nms_args())
-    ticks = itertools.count(step=10.0)
-    monkeypatch.setattr(general, "time", SimpleNamespace(time=lambda: next(ticks)))
-    complete = nms.nms_image_by_image(general.non_max_suppression, logging.getLogger("test"))
-    output = complete(prediction, **nms_args())
-    assert len(output) == len(unhurried) == 4
-    for ours, theirs in zip(output, unhurried):
-        assert len(theirs) > 0
-        assert torch.equal(ours, theirs)
+    output = nms.non_max_suppression(prediction, **nms_args())
+    assert all(len(image) > 0 for image in output)
+    assert [len(image) for image in general.non_max_suppression(prediction, **nms_args())[1:]] == [0, 0, 0]
 
 
-def test_within_the_limit_complete_nms_is_yolov5s_own_with_val_pys_arguments():
-    prediction = predictions(images=3, seed=1)
+@pytest.mark.parametrize("first_prefix", [nms.FIRST_PREFIX, 16])  # 16: NMS stops early and retries, several times
+def test_stagedyolos_nms_gives_yolov5s_detections_for_val_pys_calls(monkeypatch, first_prefix):
+    monkeypatch.setattr(nms, "FIRST_PREFIX", first_prefix)
+    prediction = predictions(images=3, boxes=3000, seed=1)  # up to 9000 candidates an image with multi_label
     labels = [torch.tensor([[1.0, 100, 100, 40, 40]]), torch.zeros((0, 5)), torch.tensor([[0.0, 200, 50, 30, 60]])]
-    complete = nms.nms_image_by_image(general.non_max_suppression, logging.getLogger("test"))
-    val_py = {"multi_label": True, "max_det": 300}  # as val.py calls it, after conf_thres and iou_thres
-    for arguments in ({**val_py, "labels": labels}, {**val_py, "labels": []}, {"agnostic": True}):
+    val_py = {"multi_label": True, "max_det": 300}  # val.py's, after conf_thres and iou_thres
+    for arguments in (
+        {**val_py, "labels": labels},
+        {**val_py, "labels": []},
+        {**val_py, "max_det": 20},
+        {"agnostic": True},
+        {"classes": [0, 2]},
+    ):
         theirs = general.non_max_suppression((prediction, None), 0.001, 0.6, **arguments)
-        ours = complete((prediction, None), 0.001, 0.6, **arguments)
-        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+        ours = nms.non_max_suppression((prediction, None), 0.001, 0.6, **arguments)
+        for a, b in zip(ours, theirs, strict=True):
+            assert len(b) > 0 and torch.equal(a, b), arguments
 
 
-class Recorder(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
+def test_an_image_without_candidates_gets_no_detections_as_in_yolov5():
+    prediction = predictions(images=2)
+    prediction[1, :, 4] = 0.0  # no objectness above conf_thres
+    ours, theirs = (
+        nms.non_max_suppression(prediction, **nms_args()),
+        general.non_max_suppression(prediction, **nms_args()),
+    )
+    assert ours[1].shape == theirs[1].shape == (0, 6)
+    assert torch.equal(ours[0], theirs[0])
 
-    def emit(self, record):
-        self.messages.append(record.getMessage())
+
+def test_nms_from_the_leading_candidates_keeps_what_nms_of_all_keeps_first_ties_included():
+    import torchvision
+
+    generator = torch.Generator().manual_seed(2)
+    xy = torch.rand(5000, 2, generator=generator) * 300
+    boxes = torch.cat((xy, xy + 10 + torch.rand(5000, 2, generator=generator) * 40), 1)
+    scores = (torch.rand(5000, generator=generator) * 20).round() / 20  # 21 distinct scores: ties everywhere
+    order = scores.sort(descending=True, stable=True).indices
+    boxes, scores = boxes[order], scores[order]
+    everything = torchvision.ops.nms(boxes, scores, 0.5)
+    assert len(everything) > 300
+    for max_det in (1, 50, 300, len(everything) + 10):
+        assert torch.equal(nms.first_kept(boxes, scores, 0.5, max_det), everything[:max_det])
 
 
-def test_a_batch_over_yolov5s_limit_is_logged_as_run_to_the_end_and_yolov5s_warning_is_dropped(slow_clock, monkeypatch):
+def test_complete_nms_gives_val_py_stagedyolos_nms(monkeypatch):
     from yolov5 import val
 
-    ticks = itertools.count(step=5.0)
-    monkeypatch.setattr(nms, "_clock", lambda: next(ticks))
     monkeypatch.setattr(val, "non_max_suppression", val.non_max_suppression)  # restored after the test
-    logger, recorder = logging.getLogger("yolov5"), Recorder()
-    filters = list(logger.filters)
-    logger.addHandler(recorder)
-    try:
-        nms.complete_nms()
-        nms.complete_nms()  # once per process
-        assert sum(isinstance(f, nms.DropTimeLimitWarning) for f in logger.filters) == 1
-        output = val.non_max_suppression(predictions(), **nms_args())
-    finally:
-        logger.filters[:] = filters
-        logger.removeHandler(recorder)
-    assert all(len(image) > 0 for image in output)
-    assert val.non_max_suppression.batches_over_limit == 1
-    assert not any(nms.TIME_LIMIT_WARNING in message for message in recorder.messages), recorder.messages
-    assert any("over yolov5's 0.70s limit: stagedyolo ran it to the end" in m for m in recorder.messages), (
-        recorder.messages
-    )
+    nms.complete_nms()
+    assert val.non_max_suppression is nms.non_max_suppression
