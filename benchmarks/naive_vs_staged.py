@@ -155,18 +155,17 @@ ended at 0.607 against the control's 0.602 (control_best at 0.960x; that repeat 
 detections; one validation's NMS 9.68 -> 0.13 s), and the run starts again from that tree: same command, seeds,
 reading and expectation.
 
-det at 320 px with every image scored (added 2026-12-07, written and committed after naive_vs_staged_det480_nms's first repeat and
-before any figure of this run; no target changed). naive_vs_staged_spent measured the recipe on det at 320 px (smoke
-2, frozen 4, fine-tune 31 at 256 px, final 6 at 320: the control's pixels) at 1.07x the 30-epoch control's time to
-its best, on the AMD machine, with yolov5's NMS time limit in force. This run repeats its det half with complete_nms
-on both sides: `--datasets det --det-img 320 --det-train 160 --det-val 40 --det-budgets 30 --skip restart,newcomer`
-(the 15-epoch control, which reached no target there, left out), seeds 0, 1, 2, the first repeat's CPU split from
-naive_vs_staged_det480_nms. Reading, fixed in advance: its median ratio at `control_best` is the goal's figure (<= 0.5x
-meets it); against naive_vs_staged_spent's 1.07x (another machine and day) a difference under 0.1 is not read.
-Expected before the run: still not met, 0.85-1.1x, since at 0.8 of the target a 256-px model leaves NMS far fewer
-candidates than at 480. Command: `python benchmarks/naive_vs_staged.py --datasets det --det-img 320 --det-train 160
---det-val 40 --det-budgets 30 --skip restart,newcomer --split-from benchmarks/results/naive_vs_staged_det480_nms.json
---name naive_vs_staged_det320_nms`.
+det at 320 px with every image scored (added 2026-12-07, written and committed after naive_vs_staged_det480_nms's
+first repeat and before any figure of this run; no target changed). naive_vs_staged_spent measured the recipe on det
+at 320 px (smoke 2, frozen 4, fine-tune 31 at 256 px, final 6 at 320: the control's pixels) at 1.07x the 30-epoch
+control's time to its best, on the AMD machine, with yolov5's NMS time limit in force. This run repeats its det half
+with complete_nms on both sides (the 15-epoch control, which reached no target there, left out), seeds 0, 1, 2, the
+first repeat's CPU split from naive_vs_staged_det480_nms. Reading, fixed in advance: its median ratio at
+`control_best` is the goal's figure (<= 0.5x meets it); against naive_vs_staged_spent's 1.07x (another machine and
+day) a difference under 0.1 is not read. Expected before the run: still not met, 0.85-1.1x, since at 0.8 of the
+target a 256-px model leaves NMS far fewer candidates than at 480. Command: `python benchmarks/naive_vs_staged.py
+--datasets det --det-img 320 --det-train 160 --det-val 40 --det-budgets 30 --skip restart,newcomer --split-from
+benchmarks/results/naive_vs_staged_det480_nms.json --name naive_vs_staged_det320_nms`.
 
 Sides, in every repeat:
 - `staged`: `snakemake --cores 2 --resources gpu=1` on that config in a fresh folder, dataset = the data.yaml,
