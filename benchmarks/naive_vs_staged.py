@@ -459,10 +459,8 @@ def untuned_config(
         "finetune": {"epochs": epochs[2], "img": small, "val_period": 3, "hyp": {"lrf": lrf[2]}},
         "highres": {"epochs": epochs[3], "val_period": 1, "hyp": {"lrf": lrf[3], "mosaic": 0.0}},
     }
-    if not frozen_phase:  # one LR line over the stages that run
+    if not frozen_phase:  # its 0 epochs take no share of linear_lrf's line, so the others' lrf already fit
         del config["stages"]["frozen"]
-        for stage, stage_lrf in zip(config["stages"].values(), linear_lrf([n for n in epochs if n])):
-            stage["hyp"]["lrf"] = stage_lrf
     config["stage_order"] = list(config["stages"])
     return config
 
