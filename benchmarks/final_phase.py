@@ -65,11 +65,12 @@ from naive_vs_staged import (  # noqa: E402
     add_seeds_argument,
     boxes_need_for,
     demo_inputs,
-    linear_lrf,
     run_staged,
     seeded,
     untuned_config,
 )
+
+from stagedyolo.recipe_shape import linear_lrf  # noqa: E402
 
 SIDES = ("mosaic_off", "mosaic_on", "close_last2", "step_352", "mosaic_off_again")
 PAYS_BY = 0.03  # best mAP50 above mosaic_off's, at two seeds of three

@@ -310,6 +310,8 @@ from common import (
 from make_det640 import make_det640  # noqa: E402
 from make_mixed import make_mixed  # noqa: E402
 
+from stagedyolo.recipe_shape import recipe_epochs, recipe_stages, smaller_img  # noqa: E402
+
 FIXED_TARGETS = (0.5, 0.7, 0.9)
 BEST = "control_best"
 PIPELINE_CORES = len(os.sched_getaffinity(0))  # run_snakemake's --cores: the whole machine (2 here, 16 on the H200)
@@ -381,26 +383,6 @@ def restart_config(config: dict, stages: dict) -> dict:
     return {**copy.deepcopy(config), "run": run, "stage_order": list(stages), "stages": copy.deepcopy(stages)}
 
 
-def linear_lrf(epochs: list[int], final: float = 0.01) -> list[float]:
-    """Each stage's hyp.lrf so that the chained stages fall along one straight line from lr0 to lr0 * final over
-    all their epochs (how config/config.yaml's values were set: 2, 3, 4, 2 epochs give 0.82, 0.67, 0.35, 0.05)."""
-    total, done, lrfs = sum(epochs), 0, []
-    for n in epochs:
-        start, end = 1 - (1 - final) * done / total, 1 - (1 - final) * (done + n) / total
-        lrfs.append(round(end / start, 2))
-        done += n
-    return lrfs
-
-
-def pixel_matched_finetune(total: int, img: int, small: int, early: int, final: int) -> int:
-    """The fine-tune epochs at ``small`` px that make the recipe train no more pixels than ``total`` epochs at
-    ``img``: ``early`` epochs at ``small`` before it and ``final`` at ``img`` after it. An epoch's cost grows with
-    its image area, so what the smaller phases save buys (img/small)^2 times their epochs, less the ones already
-    spent (det at 320 px: 6 early, 6 final of 30 give 31 fine-tune epochs at 256 px, 43 in all)."""
-    budget = (total - final) * img * img  # what is left for the phases at the smaller size, in pixel-epochs
-    return max(1, budget // (small * small) - early)
-
-
 def untuned_config(
     name: str,
     data_yaml: Path,
@@ -424,43 +406,11 @@ def untuned_config(
     of ``img`` (0.8 unless `--small-share` says otherwise). Without ``frozen_phase`` the frozen stage is left out
     (`--no-frozen`): the fine-tune follows smoke and gets the frozen phase's pixels."""
     config = base_config(data_yaml, weights, name)
-    defaults = config["stage_defaults"]
-    defaults.update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low, untouched
-    total = 2 + frozen + finetune
-    final = max(1, round(total / 5))
+    config["stage_defaults"].update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low as is
+    small = smaller_img(img, small_share)
     frozen_part = max(1, frozen // 3) if frozen_phase else 0
-    small = max(64, round(small_share * img / 32) * 32)
-    tune = total - 2 - frozen_part - final
-    if spend_savings:
-        from stagedyolo.recipe import stage_img
-
-        # these configs leave img_from_boxes at the schema's default (true), so the stages will train at this size
-        trained = stage_img({"img": small, "target_img": img, "img_from_boxes": True}, boxes_need)[0]
-        tune = pixel_matched_finetune(total, img, trained, 2 + frozen_part, final)
-    epochs = [2, frozen_part, tune, final]
-    lrf = linear_lrf(epochs)
-    config["stages"] = {
-        "smoke": {
-            "epochs": epochs[0],
-            "img": small,
-            "start_from": "model",
-            "val_period": 2,
-            "nosave": True,
-            "hyp": {"lrf": lrf[0]},
-        },
-        "frozen": {
-            "epochs": epochs[1],
-            "img": small,
-            "freeze": 10,
-            "val_period": 1,
-            "handover_on_stall": 0.25,
-            "hyp": {"lrf": lrf[1]},
-        },
-        "finetune": {"epochs": epochs[2], "img": small, "val_period": 3, "hyp": {"lrf": lrf[2]}},
-        "highres": {"epochs": epochs[3], "val_period": 1, "hyp": {"lrf": lrf[3], "mosaic": 0.0}},
-    }
-    if not frozen_phase:  # its 0 epochs take no share of linear_lrf's line, so the others' lrf already fit
-        del config["stages"]["frozen"]
+    epochs = recipe_epochs(2 + frozen + finetune, img, small, frozen_part, boxes_need, spend_savings)
+    config["stages"] = recipe_stages(epochs, small)
     config["stage_order"] = list(config["stages"])
     return config
 

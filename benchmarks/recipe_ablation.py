@@ -107,13 +107,14 @@ from naive_vs_staged import (  # noqa: E402
     best_map,
     demo_inputs,
     first_reaching,
-    linear_lrf,
     run_staged,
     seed_of,
     seeded,
     spread,
     untuned_config,
 )
+
+from stagedyolo.recipe_shape import linear_lrf  # noqa: E402
 
 SIDES = ("staged", "no_continuity", "no_resolution", "no_freezing", "no_close_mosaic")  # what a bare run runs
 CUT_SIDES = ("split_only", "one_run")  # the cut itself, against the same training in one stage: --sides

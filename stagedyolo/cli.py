@@ -149,7 +149,98 @@ def _add_status(sub) -> None:
     p.set_defaults(func=cmd_status)
 
 
-SUBCOMMANDS = [_add_diagnose, _add_report, _add_status]
+MIN_RECIPE_EPOCHS = 5  # smoke's 2, a frozen and a final epoch, and one to fine-tune
+
+
+def cmd_recipe(args) -> int:
+    import yaml
+
+    from stagedyolo.dataset.validate import DatasetError, validate_dataset
+    from stagedyolo.engine.options import base_hyp
+    from stagedyolo.recipe import boxes_need_in
+    from stagedyolo.recipe_shape import recipe_comment, recipe_override
+
+    if args.epochs < MIN_RECIPE_EPOCHS or args.img < 64:
+        print(
+            f"stagedyolo recipe: --epochs {args.epochs} --img {args.img}: the recipe replaces a run of at least "
+            f"{MIN_RECIPE_EPOCHS} epochs (smoke, frozen, fine-tune, final) at 64 px or more",
+            file=sys.stderr,
+        )
+        return 2
+    out = Path(args.output) if args.output else None
+    if out and out.exists():
+        print(f"stagedyolo recipe: {out} exists; it is left as it is (give another --output)", file=sys.stderr)
+        return 2
+    base = Path(args.base) if args.base else shipped_config()
+    if not base.is_file():
+        print(
+            f"stagedyolo recipe: no {base}: give --base, the config.yaml your Snakefile reads (the override undoes "
+            "its demo hyp)",
+            file=sys.stderr,
+        )
+        return 2
+    shipped = yaml.safe_load(base.read_text())
+    try:
+        report = validate_dataset(args.data)  # read-only: what prepare_dataset will find, for the boxes' size
+    except DatasetError as error:
+        print(f"stagedyolo recipe: {error}", file=sys.stderr)
+        return 2
+    boxes_need = boxes_need_in(report)
+    override = recipe_override(
+        Path(args.data),
+        args.img,
+        args.epochs,
+        weights=args.weights,
+        shipped=shipped,
+        yolov5_hyp=base_hyp(),
+        boxes_need=boxes_need,
+        small_share=args.small_share,
+        minutes=args.minutes,
+        run=args.run,
+    )
+    text = recipe_comment(override, args.epochs, boxes_need) + yaml.safe_dump(override, sort_keys=False)
+    if out:
+        out.write_text(text)
+        print(f"stagedyolo recipe: wrote {out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+def shipped_config() -> Path:
+    """config/config.yaml here (the Snakefile's), else the one beside the installed package."""
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else Path(__file__).resolve().parents[1] / DEFAULT_CONFIG
+
+
+def _add_recipe(sub) -> None:
+    from stagedyolo.recipe_shape import SMALL_SHARE
+
+    p = sub.add_parser(
+        "recipe",
+        help="write the staged recipe for your data as a --configfile override",
+        description="Read your data.yaml (only read) and write the staged recipe that replaces one yolov5 run of "
+        "--epochs epochs at --img px: smoke, a short frozen phase and the fine-tune at about half the size, the "
+        "last fifth at the target with mosaic off, as many pixels as that run, one LR line, yolov5's default hyp "
+        "(docs/recipe.md).",
+    )
+    p.add_argument("data", help="your YOLOv5 data.yaml")
+    p.add_argument("--img", type=int, required=True, help="the target image size (the single run's --img)")
+    p.add_argument("--epochs", type=int, required=True, help="the epochs the single run would train")
+    p.add_argument("--weights", help="pretrained weights, a local .pt file (default: none, train from model.cfg)")
+    p.add_argument(
+        "--small-share",
+        type=float,
+        default=SMALL_SHARE,
+        help=f"the early phases' size as a share of --img (default {SMALL_SHARE}; raised to what the boxes need)",
+    )
+    p.add_argument("--minutes", type=float, help="fit the stages to this many minutes (recipe_minutes)")
+    p.add_argument("--run", help="the run's name (default: the data.yaml's folder name)")
+    p.add_argument("-o", "--output", help="the file to write (default: standard output); an existing one is kept")
+    p.add_argument("--base", help="the config the override applies to (default: config/config.yaml)")
+    p.set_defaults(func=cmd_recipe)
+
+
+SUBCOMMANDS = [_add_diagnose, _add_recipe, _add_report, _add_status]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,8 +16,8 @@ FLOORS = [
     {"telemetry", "progress", "status", "dataset"},
     # yolov5 itself: the engine adapter
     {"engine"},
-    # the recipe and what reasons about a stage: its budget, its plan, the probe, the diagnosis, the final jobs
-    {"recipe", "recipe_budget", "stage_plan", "probe", "diagnosis", "evaluate", "export"},
+    # the recipe and what reasons about a stage: its budget, its shape, its plan, the probe, the diagnosis, final jobs
+    {"recipe", "recipe_budget", "recipe_shape", "stage_plan", "probe", "diagnosis", "evaluate", "export"},
     # running workers and reading their results
     {"worker_launch", "tune", "report"},
     # the jobs and faces: a stage, tracking, the demo, the config check, the command line
