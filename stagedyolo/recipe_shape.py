@@ -151,7 +151,7 @@ def recipe_comment(override: dict, total: int, boxes_need: int | None) -> str:
         size = f"{trained} px" + (
             f" (raised from {configured}: the boxes need {boxes_need})" if trained > configured else ""
         )
-        lines.append(f"  {name}: {stage['epochs']} epochs at {size}")
+        lines.append(f"  {name}: {stage['epochs']} epoch{'s' if stage['epochs'] != 1 else ''} at {size}")
     lines.append("yolov5's own optimizer and hyp (SGD, lr0 0.01, hyp.scratch-low); edit anything below.")
     if not override["model"]["weights"]:
         lines.append(
