@@ -160,24 +160,10 @@ def cmd_recipe(args) -> int:
     from stagedyolo.recipe import boxes_need_in
     from stagedyolo.recipe_shape import recipe_comment, recipe_override
 
-    if args.epochs < MIN_RECIPE_EPOCHS or args.img < 64:
-        print(
-            f"stagedyolo recipe: --epochs {args.epochs} --img {args.img}: the recipe replaces a run of at least "
-            f"{MIN_RECIPE_EPOCHS} epochs (smoke, frozen, fine-tune, final) at 64 px or more",
-            file=sys.stderr,
-        )
-        return 2
-    out = Path(args.output) if args.output else None
-    if out and out.exists():
-        print(f"stagedyolo recipe: {out} exists; it is left as it is (give another --output)", file=sys.stderr)
-        return 2
     base = Path(args.base) if args.base else shipped_config()
-    if not base.is_file():
-        print(
-            f"stagedyolo recipe: no {base}: give --base, the config.yaml your Snakefile reads (the override undoes "
-            "its demo hyp)",
-            file=sys.stderr,
-        )
+    refusal = _recipe_refusal(args, base)
+    if refusal:
+        print(f"stagedyolo recipe: {refusal}", file=sys.stderr)
         return 2
     shipped = yaml.safe_load(base.read_text())
     try:
@@ -199,12 +185,26 @@ def cmd_recipe(args) -> int:
         run=args.run,
     )
     text = recipe_comment(override, args.epochs, boxes_need) + yaml.safe_dump(override, sort_keys=False)
-    if out:
-        out.write_text(text)
-        print(f"stagedyolo recipe: wrote {out}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"stagedyolo recipe: wrote {args.output}", file=sys.stderr)
     else:
         print(text, end="")
     return 0
+
+
+def _recipe_refusal(args, base: Path) -> str | None:
+    """Why `stagedyolo recipe` cannot write what was asked, or None."""
+    if args.epochs < MIN_RECIPE_EPOCHS or args.img < 64:
+        return (
+            f"--epochs {args.epochs} --img {args.img}: the recipe replaces a run of at least {MIN_RECIPE_EPOCHS} "
+            "epochs (smoke, frozen, fine-tune, final) at 64 px or more"
+        )
+    if args.output and Path(args.output).exists():
+        return f"{args.output} exists; it is left as it is (give another --output)"
+    if not base.is_file():
+        return f"no {base}: give --base, the config.yaml your Snakefile reads (the override undoes its demo hyp)"
+    return None
 
 
 def shipped_config() -> Path:
