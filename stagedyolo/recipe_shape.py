@@ -21,8 +21,9 @@ from pathlib import Path
 
 from stagedyolo.recipe import stage_img
 
-# The smaller size as a share of the target: near half (docs/recipe.md: on det at 480 px, phases at 256 reached the
-# control's best at 0.52x, at 224 at 0.57x, and at 0.8 of a 320-px target the smaller phase bought about its cost).
+# The smaller size as a share of the target: near half (docs/recipe.md, det: at a 480-px target phases at 256 reached
+# the control's best at 0.52x, at 224 at 0.57x; at a 320-px target, phases at 224 (half, raised to the boxes' need)
+# at 0.83x, at 256 (0.8 of it) at 0.93x).
 SMALL_SHARE = 0.5
 SMOKE_EPOCHS = 2
 FINAL_LR_FACTOR = 0.01  # the line ends at lr0/100, yolov5's default lrf
