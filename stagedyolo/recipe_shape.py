@@ -2,10 +2,10 @@
 
 config/config.yaml is tuned to the demo's 160-px images. On untuned data the benchmarks measured one shape against
 a fair one-stage yolov5 run of E epochs at the target size, yolov5's default hyp on both sides
-(benchmarks/README.md, naive_vs_staged): on det at 480 px, with recipe_minutes set to that run's time, it reached
-the run's best mAP50 in 0.52x its time and ended higher (0.74-0.86 against 0.60-0.67). This module is that shape,
-in one place: the benchmarks build their untuned configs with it, and `stagedyolo recipe` writes it as a config
-override for your data.
+(benchmarks/README.md, naive_vs_staged): on det at 480 px it reached the run's best mAP50 in 0.503x its time as
+written here (0.523x with recipe_minutes set to that run's time) and ended higher (0.81-0.88 against 0.60-0.67).
+This module is that shape, in one place: the benchmarks build their untuned configs with it, and `stagedyolo
+recipe` writes it as a config override for your data.
 
 - `smoke` 2 epochs, `frozen` about an eighth of E (it hands over once its gain per second stalls), `finetune`, all
   at the smaller size: SMALL_SHARE of the target in steps of 32, raised to what the boxes need (img_from_boxes);
