@@ -341,7 +341,7 @@ from common import (
 from make_det640 import make_det640  # noqa: E402
 from make_mixed import make_mixed  # noqa: E402
 
-from stagedyolo.recipe_shape import recipe_epochs, recipe_stages, smaller_img  # noqa: E402
+from stagedyolo.recipe_shape import UNTUNED_DEFAULTS, recipe_epochs, recipe_stages, smaller_img  # noqa: E402
 
 FIXED_TARGETS = (0.5, 0.7, 0.9)
 BEST = "control_best"
@@ -437,7 +437,7 @@ def untuned_config(
     of ``img`` (0.8 unless `--small-share` says otherwise). Without ``frozen_phase`` the frozen stage is left out
     (`--no-frozen`): the fine-tune follows smoke and gets the frozen phase's pixels."""
     config = base_config(data_yaml, weights, name)
-    config["stage_defaults"].update(optimizer="SGD", lr0=0.01, hyp={}, img=img)  # yolov5's hyp.scratch-low as is
+    config["stage_defaults"].update(**UNTUNED_DEFAULTS, hyp={}, img=img)  # yolov5's hyp.scratch-low as is
     small = smaller_img(img, small_share)
     frozen_part = max(1, frozen // 3) if frozen_phase else 0
     epochs = recipe_epochs(2 + frozen + finetune, img, small, frozen_part, boxes_need, spend_savings)

@@ -56,6 +56,12 @@ def smaller_img(img: int, share: float = SMALL_SHARE) -> int:
     return max(64, round(share * img / 32) * 32)
 
 
+def trained_img(configured: int, target: int, boxes_need: int | None) -> int:
+    """The size a phase configured at ``configured`` trains at: the override leaves img_from_boxes at the schema's
+    default (on), so stage_img raises it to what the boxes need, capped at the target."""
+    return stage_img({"img": configured, "target_img": target, "img_from_boxes": True}, boxes_need)[0]
+
+
 def frozen_epochs(total: int) -> int:
     """The frozen phase's epochs for a single run of ``total``: about an eighth (4 of 30, as measured)."""
     return max(1, round(total / 8))
@@ -71,7 +77,7 @@ def recipe_epochs(
     final = max(1, round(total / 5))
     if not spend_savings:
         return [SMOKE_EPOCHS, frozen, total - SMOKE_EPOCHS - frozen - final, final]
-    trained = stage_img({"img": small, "target_img": img, "img_from_boxes": True}, boxes_need)[0]
+    trained = trained_img(small, img, boxes_need)
     return [SMOKE_EPOCHS, frozen, pixel_matched_finetune(total, img, trained, SMOKE_EPOCHS + frozen, final), final]
 
 
@@ -148,7 +154,7 @@ def recipe_comment(override: dict, total: int, boxes_need: int | None) -> str:
     ]
     for name, stage in override["stages"].items():
         configured = stage.get("img", target)
-        trained = stage_img({"img": configured, "target_img": target, "img_from_boxes": True}, boxes_need)[0]
+        trained = trained_img(configured, target, boxes_need)
         size = f"{trained} px" + (
             f" (raised from {configured}: the boxes need {boxes_need})" if trained > configured else ""
         )
