@@ -275,8 +275,9 @@ def planned_training_s(config: dict) -> float | None:
     return 60.0 * float(minutes) if minutes else None
 
 
-def planned_epochs(config: dict) -> int:
-    """All stages' epochs together: with the training image count, the probe's estimate of the planned training,
-    whose share may lengthen its budget. Read by the probe's script from the config, not passed as a rule param, so
-    that changing epochs does not rerun the probe (and with it every stage)."""
-    return sum(int(stage_spec(config, stage)["epochs"]) for stage in stage_names(config))
+def planned_epochs(config: dict) -> dict[str, int]:
+    """Each stage's epochs: with the training image count, the probe's estimate of the planned training, whose share
+    may lengthen its budget, and of the size most of it trains at, where the candidates are timed. Read by the
+    probe's script from the config, not passed as a rule param, so that changing epochs does not rerun the probe (and
+    with it every stage)."""
+    return {stage: int(stage_spec(config, stage)["epochs"]) for stage in stage_names(config)}

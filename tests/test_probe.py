@@ -17,7 +17,7 @@ from stagedyolo.probe.child import (
     model_runs_for,
 )
 from stagedyolo.probe.reuse import reuse_key, unmeasured
-from stagedyolo.probe.rule import plan_request
+from stagedyolo.probe.rule import candidate_img, plan_request
 from stagedyolo.probe.stages import STEADY_BASIS, compare_prediction, prediction_for
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget
 from stagedyolo.recipe import probe_rerun_stages, probe_stage_specs, stage_names, stage_spec
@@ -114,6 +114,66 @@ def test_the_memory_cap_and_failed_runs_exclude_candidates_on_cuda():
     assert choose(candidates) == {"workers": 2, "batch": 16, "amp": True}
 
 
+def test_on_cuda_a_batch_is_judged_at_the_memory_the_largest_stage_will_need():
+    # Timed at 256 px for a recipe that ends at 512: the peak is taken to grow with the image area (4x).
+    gib = 1 << 30
+    runs = [model(16, 500.0, amp=True, peak=4 * gib), model(32, 900.0, amp=True, peak=6 * gib)]
+    same = combine([loader(2, 5000.0, 14)], runs, cores=16, shares_cpu=False, memory_limit_bytes=20 * gib)
+    assert all(c["usable"] for c in same)  # judged at the size it was timed at, 6 GiB fits
+    scaled = combine(
+        [loader(2, 5000.0, 14)], runs, cores=16, shares_cpu=False, memory_limit_bytes=20 * gib, memory_scale=4.0
+    )
+    by_batch = {c["batch"]: c for c in scaled}
+    assert by_batch[16]["usable"] and by_batch[16]["peak_memory_at_largest_img_bytes"] == 16 * gib
+    assert not by_batch[32]["usable"] and "at the largest stage size" in by_batch[32]["excluded_because"]
+    assert choose(scaled)["batch"] == 16
+
+
+def test_the_candidates_are_timed_at_the_size_most_of_the_training_runs_at():
+    def at(*stages):  # (epochs, img) per stage
+        requests = {f"s{i}": {"img": img} for i, (_, img) in enumerate(stages)}
+        return candidate_img(requests, {f"s{i}": epochs for i, (epochs, _) in enumerate(stages)}, largest=480)
+
+    assert at((2, 256), (4, 256), (78, 256), (6, 480)) == 256  # stagedyolo recipe's det at 480 px
+    assert at((2, 128), (3, 128), (4, 128), (2, 160)) == 128  # the demo: 9 x 128^2 against 2 x 160^2
+    assert at((2, 256), (4, 256), (10, 256), (6, 480)) == 480  # 16 x 256^2 < 6 x 480^2
+    assert at((4, 240), (1, 480)) == 480  # equal areas: the larger size
+    assert candidate_img({}, {}, largest=480) == 480  # no stages, no epochs: the largest size
+    assert at((0, 256), (0, 480)) == 480
+
+
+def test_the_candidates_size_counts_the_size_the_boxes_raise_a_phase_to(tmp_path):
+    data = write_demo_dataset(tmp_path / "data", DemoSpec(TARGET_CLASSES, 4, 2, image_size=64))
+    stage_defaults = {**CONFIG["stage_defaults"], "img": 160}
+    config = {**CONFIG, "stage_defaults": stage_defaults}
+    plan = dict(
+        cache_mode="ram",
+        weights=[],
+        stage_defaults=stage_defaults,
+        cfg="yolov5n.yaml",
+        device="cpu",
+        img=160,
+        work=tmp_path,
+        threads=2,
+        settings=CONFIG["probe"],
+        stages=probe_stage_specs(config),
+        planned_epochs={"smoke": 2, "frozen": 3, "finetune": 4, "highres": 2},
+    )
+    request = plan_request(str(data), **plan)
+    assert (request["img"], request["largest_img"]) == (128, 160)
+    raised = plan_request(str(data), boxes_need=160, **plan)  # every phase raised to the 160-px target
+    assert (raised["img"], raised["largest_img"]) == (160, 160)
+
+
+def test_the_stage_loops_least_time_grows_with_their_image_area():
+    first = {"seconds": 2.0, "steps": 2, "batch": 16, "torch_threads": 2}  # 1 s a step at 256 px
+    floor = child.CandidateFloor(first, img=256, cuda=False)
+    per_loop = MODEL_WARMUP_STEPS + MIN_TIMED_STEPS
+    assert floor.stages([256]) == pytest.approx(per_loop)
+    assert floor.stages([256, 512]) == pytest.approx(5 * per_loop)  # a 512-px loop: 4 steps' worth each
+    assert floor.stages([]) == 0
+
+
 def test_nothing_usable_means_no_choice():
     candidates = combine(
         [loader(1, 10.0, 1)], [model(8, 0.0, status="oom")], cores=2, shares_cpu=True, memory_limit_bytes=None
@@ -121,7 +181,7 @@ def test_nothing_usable_means_no_choice():
     assert choose(candidates) == {}
 
 
-def rule_kwargs(tmp_path: Path, settings: dict, config: dict, planned_epochs: int) -> dict:
+def rule_kwargs(tmp_path: Path, settings: dict, config: dict, planned_epochs: dict[str, int]) -> dict:
     """probe_for_rule's keywords for a 64-px CPU run of ``config``'s stages in ``tmp_path``."""
     return dict(
         cache_decision=str(tmp_path / "cache.json"),
@@ -164,7 +224,7 @@ def test_probe_for_rule_measures_every_candidate_and_stage_and_invents_no_gpu_nu
         "stages": {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}, "c": {"epochs": 1, "batch": 4}},
     }
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
-    run = rule_kwargs(tmp_path, settings, config, planned_epochs=3)
+    run = rule_kwargs(tmp_path, settings, config, planned_epochs={"a": 1, "b": 1, "c": 1})
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -391,7 +451,7 @@ def test_a_probe_whose_rest_cannot_pay_says_why_predicts_nothing_and_is_not_kept
     config["stages"] = {"a": {"epochs": 1}, "b": {"epochs": 1, "freeze": 10}}
     tuning_out = tmp_path / "run" / "probe" / "tuning.json"
     settings = {**CONFIG["probe"], "batch": [4], "workers": [0, 1], "budget_s": 30}
-    run = rule_kwargs(tmp_path, settings, config, planned_epochs=2)
+    run = rule_kwargs(tmp_path, settings, config, planned_epochs={"a": 1, "b": 1})
     probe_for_rule(str(data), **run)
     tuning = json.loads(tuning_out.read_text())
 
@@ -475,7 +535,7 @@ def test_a_prediction_is_compared_with_steady_epochs_only_and_names_settings_tha
 def test_on_cuda_the_choice_keeps_amp_on_unless_clearly_slower_and_says_why():
     from stagedyolo.probe.choice import decide
 
-    request = {"max_memory_fraction": 0.85, "cores": 16}
+    request = {"max_memory_fraction": 0.85, "cores": 16, "img": 640, "largest_img": 640}
     runs = [
         {**model(64, 591.0, amp=False, peak=1 << 30), "steps": 6},  # the H200's short-window evidence
         {**model(64, 411.0, amp=True, peak=1 << 30), "steps": 3},

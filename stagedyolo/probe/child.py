@@ -124,7 +124,8 @@ def measure_all(
     candidates (else the stages keep their defaults) and the stage loops (else no stage has a prediction)."""
     model_plan = model_runs_for(request, cuda) if request["choose"] else []
     loader_plan = request["loader_runs"] if request["choose"] else []
-    stage_runs_planned = len(stage_groups(request, {}, cuda, bf16_supported))
+    loop_imgs = [group["img"] for group in stage_groups(request, {}, cuda, bf16_supported)]
+    stage_runs_planned = len(loop_imgs)
     budget = MeasuringBudget(
         _deadline(request),
         len(model_plan) + len(loader_plan) + stage_runs_planned,
@@ -134,7 +135,7 @@ def measure_all(
     )
     warm = WarmShapes()
     model_runs, payoff = measure_model_candidates(
-        model, request, model_plan, device, budget, warm, stage_runs_planned, cuda, len(loader_plan)
+        model, request, model_plan, device, budget, warm, loop_imgs, cuda, len(loader_plan)
     )
     if unpaid(payoff, "candidates"):
         loader_runs = [skipped(run, UNPAID_WHY) for run in loader_plan]
@@ -172,13 +173,14 @@ def measure_model_candidates(
     device,
     budget: MeasuringBudget,
     warm: WarmShapes,
-    stage_runs_planned: int,
+    loop_imgs: list[int],
     cuda: bool,
     loader_runs_planned: int = 0,
 ) -> tuple[list[dict], dict | None]:
-    """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come less
-    than their least time (CandidateFloor); and, after the first (with probe.stop_when_unpaid), whether the other
-    candidates and the stage loops pay (MeasuringBudget.payoff, returned as the second item; None when not judged).
+    """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come (one at
+    each of ``loop_imgs``) less than their least time (CandidateFloor); and, after the first (with
+    probe.stop_when_unpaid), whether the other candidates and the stage loops pay (MeasuringBudget.payoff, returned as
+    the second item; None when not judged).
     A part that does not pay is dropped from the budget with its share of the time: the runs after it skip."""
     runs, payoff = [], None
     for run in plan:
@@ -186,8 +188,8 @@ def measure_model_candidates(
             runs.append(skipped(run, UNPAID_WHY))
             continue
         shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
-        floor = CandidateFloor.of(runs, cuda)
-        loops = 0 if unpaid(payoff, "stage_loops") else stage_runs_planned
+        floor = CandidateFloor.of(runs, request["img"], cuda)
+        loops = [] if unpaid(payoff, "stage_loops") else loop_imgs
         if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(loops)):
             runs.append(skipped(run, "within the budget it would leave the stage loops less than their least time"))
             budget.skip()
@@ -195,7 +197,7 @@ def measure_model_candidates(
         runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
         budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
         if len(runs) == 1 and request.get("stop_when_unpaid", True):
-            payoff = judge_the_rest(budget, cuda, len(plan) - 1 + loader_runs_planned, stage_runs_planned)
+            payoff = judge_the_rest(budget, cuda, len(plan) - 1 + loader_runs_planned, len(loop_imgs))
     return runs, payoff
 
 
@@ -239,20 +241,21 @@ def skipped(run: dict, why: str) -> dict:
 
 class CandidateFloor:
     """The least time a run takes (its warm-up and MIN_TIMED_STEPS), estimated from the first model run's steady
-    step, scaled by batch and on CPU by torch threads (as if a step's work were spread evenly over them). A stage
-    loop is counted at the first run's shape, the largest stage image size, with a full warm-up. Rough by design:
-    it only decides whether a candidate run may still start, never what a run measures."""
+    step (at ``img``, the candidates' size), scaled by batch and on CPU by torch threads (as if a step's work were
+    spread evenly over them). A stage loop is counted at the first run's batch and threads, scaled by its image area,
+    with a full warm-up. Rough by design: it only decides whether a candidate run may still start, never what a run
+    measures."""
 
-    def __init__(self, reference: dict, cuda: bool):
-        self.reference, self.cuda = reference, cuda
+    def __init__(self, reference: dict, img: int, cuda: bool):
+        self.reference, self.img, self.cuda = reference, img, cuda
         self.step_s = reference["seconds"] / reference["steps"]
 
     @classmethod
-    def of(cls, model_runs: list[dict], cuda: bool) -> CandidateFloor | None:
+    def of(cls, model_runs: list[dict], img: int, cuda: bool) -> CandidateFloor | None:
         """From the first model run, once it has a steady figure (None before, or when it failed)."""
         first = model_runs[0] if model_runs else None
         usable = first and first["status"] == "ok" and first.get("steps") and first.get("seconds")
-        return cls(first, cuda) if usable else None
+        return cls(first, img, cuda) if usable else None
 
     def model_run(self, run: dict, warmup_steps: int) -> float:
         scale = run["batch"] / self.reference["batch"]
@@ -260,8 +263,10 @@ class CandidateFloor:
             scale *= self.reference["torch_threads"] / run["torch_threads"]
         return self.step_s * scale * (warmup_steps + MIN_TIMED_STEPS)
 
-    def stages(self, runs: int) -> float:
-        return runs * self.step_s * (MODEL_WARMUP_STEPS + MIN_TIMED_STEPS)
+    def stages(self, imgs: list[int]) -> float:
+        """The stage loops at ``imgs``, one each."""
+        area = sum((img / self.img) ** 2 for img in imgs)
+        return area * self.step_s * (MODEL_WARMUP_STEPS + MIN_TIMED_STEPS)
 
 
 class WarmShapes:

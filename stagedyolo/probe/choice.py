@@ -30,15 +30,23 @@ def predicted_images_per_s(
 
 
 def combine(
-    loader_runs: list[dict], model_runs: list[dict], *, cores: int, shares_cpu: bool, memory_limit_bytes: int | None
+    loader_runs: list[dict],
+    model_runs: list[dict],
+    *,
+    cores: int,
+    shares_cpu: bool,
+    memory_limit_bytes: int | None,
+    memory_scale: float = 1.0,
 ) -> list[dict]:
     """One candidate per (workers, batch, amp), carrying the numbers of the measurements it is predicted from.
 
     On CPU (`shares_cpu`) each worker count is paired with the model run at the torch threads it would really get;
-    on CUDA the GPU computes, so any thread count of that (batch, amp) serves.
+    on CUDA the GPU computes, so any thread count of that (batch, amp) serves. ``memory_scale``: the largest stage's
+    image area over the one the model runs were timed at; a run's peak memory times it is judged against the limit
+    (an upper bound: the activations grow with the area, the weights and optimizer state do not).
     """
     candidates = [
-        _candidate(loader, model, cores, shares_cpu, memory_limit_bytes)
+        _candidate(loader, model, cores, shares_cpu, memory_limit_bytes, memory_scale)
         for loader in loader_runs
         for model in model_runs
         if not shares_cpu or model["torch_threads"] == loader["torch_threads"]
@@ -48,9 +56,12 @@ def combine(
     return candidates
 
 
-def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_limit_bytes: int | None) -> dict:
+def _candidate(
+    loader: dict, model: dict, cores: int, shares_cpu: bool, memory_limit_bytes: int | None, memory_scale: float
+) -> dict:
     threads = loader["torch_threads"]
     peak = model.get("peak_memory_bytes")
+    largest_peak = None if peak is None else int(peak * memory_scale)
     why_not = None
     if "skipped" in (loader.get("status"), model.get("status")):
         why_not = (model if model.get("status") == "skipped" else loader)["message"]
@@ -58,8 +69,9 @@ def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_l
         why_not = f"model run failed: {model.get('status')} {model.get('message') or ''}".strip()
     elif memory_limit_bytes is not None and peak is None:
         why_not = "peak memory not measured on CUDA"
-    elif memory_limit_bytes is not None and peak > memory_limit_bytes:
-        why_not = f"peak memory {peak} B > limit {memory_limit_bytes} B"
+    elif memory_limit_bytes is not None and largest_peak > memory_limit_bytes:
+        at_largest = f", about {largest_peak} B at the largest stage size" if memory_scale > 1 else ""
+        why_not = f"peak memory {peak} B{at_largest} > limit {memory_limit_bytes} B"
     prediction, bound = predicted_images_per_s(
         loader["workers"],
         loader.get("images_per_s") or 0.0,
@@ -78,6 +90,7 @@ def _candidate(loader: dict, model: dict, cores: int, shares_cpu: bool, memory_l
         "predicted_images_per_s": round(prediction, 3),
         "bound": bound,
         "peak_memory_bytes": peak,
+        "peak_memory_at_largest_img_bytes": largest_peak,
         "peak_memory_reason": model.get("peak_memory_reason"),
         "usable": why_not is None,
         "excluded_because": why_not,
@@ -103,7 +116,15 @@ def decide(
     measured clearly slower) and the choice among the candidates at that AMP setting."""
     fraction = request["max_memory_fraction"]
     limit = int(gpu_total_memory_bytes * fraction) if cuda and gpu_total_memory_bytes else None
-    candidates = combine(loader_runs, model_runs, cores=request["cores"], shares_cpu=not cuda, memory_limit_bytes=limit)
+    scale = max(1.0, (request["largest_img"] / request["img"]) ** 2)  # timed below the largest stage size
+    candidates = combine(
+        loader_runs,
+        model_runs,
+        cores=request["cores"],
+        shares_cpu=not cuda,
+        memory_limit_bytes=limit,
+        memory_scale=scale,
+    )
     verdict = amp_verdict(model_runs, cuda)
     choice = choose([c for c in candidates if c["amp"] == verdict["amp"]])
     if choice:

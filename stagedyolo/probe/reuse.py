@@ -25,7 +25,7 @@ from stagedyolo.probe.steady import unpaid
 from stagedyolo.stage_plan import available_cores
 
 # Bump when the probe measures differently: results of an older probe are not reused.
-PROBE_VERSION = 5
+PROBE_VERSION = 6  # 6: the candidates timed at the size most of the training runs at (rule.candidate_img)
 # Request keys that differ between runs of the same thing: this run's files (replaced by fingerprints), its deadline
 # and the planned training that may lengthen it (the budget setting itself is in the key).
 PER_RUN_KEYS = (

@@ -140,16 +140,17 @@ def plan_request(
     batches: list[int] | None = None,
     stages: dict | None = None,
     image_store: str | None = None,
-    planned_epochs: int | None = None,
+    planned_epochs: dict[str, int] | None = None,
     boxes_need: int | None = None,
     planned_training_s: float | None = None,
 ) -> dict:
     """What the child measures, each stage at the size it will train at (``boxes_need``: recipe.stage_img).
     ``batches``: the batch sizes to time the model at (default: all of settings["batch"]; recipe.probe_batches narrows
     them to those a stage can take). ``stages``: each training stage's speed settings (recipe.probe_stage_specs),
-    whose steady images/s the probe predicts. ``planned_epochs`` (all stages together, recipe.planned_epochs) lets the
-    budget grow to TRAINING_SHARE of the planned training; ``planned_training_s`` (recipe.planned_training_s, the
-    recipe's time budget) is that training's length where the recipe has one.
+    whose steady images/s the probe predicts. ``planned_epochs`` (each stage's, recipe.planned_epochs) lets the budget
+    grow to TRAINING_SHARE of the planned training and decides the size the candidates are timed at (candidate_img);
+    ``planned_training_s`` (recipe.planned_training_s, the recipe's time budget) is that training's length where the
+    recipe has one.
 
     On CPU the model is timed at every torch thread count a worker candidate leaves it (cpu_budget), because that is
     what compute really gets while the workers load. Whether CUDA is there is the child's to find out (it imports
@@ -163,15 +164,17 @@ def plan_request(
     thread_counts = sorted({r["torch_threads"] for r in loader_runs}, reverse=True)
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     stages = stages or {}
+    stage_requests = {name: _stage_request(spec, stage_defaults, boxes_need) for name, spec in stages.items()}
     data_list, train_images = write_subset(data_yaml, Path(data), work / "train_subset.txt")
     return {
         "data_list": str(data_list),
-        "planned_train_images": (planned_epochs or 0) * train_images,  # the budget's TRAINING_SHARE
+        "planned_train_images": sum((planned_epochs or {}).values()) * train_images,  # the budget's TRAINING_SHARE
         "planned_training_s": planned_training_s,  # recipe_minutes: the training's length whatever the rate
         "cache": None if cache_mode == "none" else cache_mode,
         "image_store": image_store if cache_mode == "ram" else None,
         "hyp": stage_hyp(stage_defaults["lr0"], stage_defaults.get("hyp") or {}),
-        "img": int(img),
+        "img": candidate_img(stage_requests, planned_epochs or {}, int(img)),
+        "largest_img": int(img),  # what the candidates' memory is judged at (choice.decide)
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
         "loader_batch": _typical_batch(stage_defaults.get("batch"), settings["batch"]),
         "loader_runs": loader_runs,
@@ -184,7 +187,7 @@ def plan_request(
         "budget_s": float(settings["budget_s"]),
         "stop_when_unpaid": bool(settings.get("stop_when_unpaid", True)),
         "max_memory_fraction": float(settings["max_memory_fraction"]),
-        "stages": {name: _stage_request(spec, stage_defaults, boxes_need) for name, spec in stages.items()},
+        "stages": stage_requests,
         # The model runs time the step of the first stage's engine (stages share engine.mode unless one overrides it).
         "engine": next((spec.get("engine") or {} for spec in stages.values()), {}),
         "threads": int(threads),
@@ -197,6 +200,22 @@ def plan_request(
         "cores": cores,
         "out": str(work / "measured.json"),
     }
+
+
+def candidate_img(stage_requests: dict, planned_epochs: dict[str, int], largest: int) -> int:
+    """The size the candidates (loader and model runs) are timed at: the stage size, as trained, that carries most
+    of the planned training, counted as epochs x img^2 (a step's cost grows with its image area), the larger of
+    equals; ``largest`` without stages or epochs. The one choice serves every stage, and it pays where the training
+    spends its time: at half the size a step takes about a quarter as long while the loader's work per image hardly
+    changes, so a worker count that keeps up with the largest size may starve the phases below it (det at 480 px:
+    84 of 90 epochs at 256)."""
+    area_epochs: dict[int, int] = {}
+    for name, spec in stage_requests.items():
+        img = spec["img"]
+        area_epochs[img] = area_epochs.get(img, 0) + planned_epochs.get(name, 0) * img**2
+    if not any(area_epochs.values()):
+        return largest
+    return max(area_epochs, key=lambda img: (area_epochs[img], img))
 
 
 def _stage_request(spec: dict, stage_defaults: dict, boxes_need: int | None) -> dict:
@@ -280,6 +299,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
         f"it timed (cut_by_budget, at least {MIN_TIMED_STEPS}); a candidate run that would leave the stage loops "
         f"less than their least time is not measured (status skipped)",
         f"AMP: {measured['amp_verdict']['reason']}",
+        f"candidates timed at {request['img']} px, the stage size most of the planned training runs at (epochs x "
+        f"img^2; largest stage size {request['largest_img']} px, at which their peak memory is judged)",
         f"loader measured on {request['data_list']} (at most {SUBSET_IMAGES} training images), cache "
         f"{request['cache'] or 'none'}" + (", served from the run's image store" if request["image_store"] else ""),
     ]
@@ -331,7 +352,8 @@ def build_tuning(request: dict, measured: dict, settings: dict, *, load: tuple) 
             "child_s": measured["child_s"],
         },
         "settings": {
-            "img": request["img"],
+            "img": request["img"],  # the candidates' (candidate_img)
+            "largest_img": request["largest_img"],
             "workers": [run["workers"] for run in request["loader_runs"]],
             "workers_setting": settings["workers"],
             "batch": settings["batch"],
