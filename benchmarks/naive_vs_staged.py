@@ -257,12 +257,15 @@ The probe's candidates at the size most of the training runs at (added 2026-12-0
 before any figure of this run; no target changed). det480_cli's probe took 24.0-28.5 s of the 166-214 s the stages
 needed to pass the control's best: its candidates were timed at the largest stage size (480 px), whose slow first
 rate put the planned training at about 1450 s, so its budget grew to 5 % of that. The probe now times them at 256
-px, where 84 of the 90 epochs train (probe.rule.candidate_img), and plans about 310 s. This run is det480_cli again
-(same command, same seeds, same sides) from the tree that does so; nothing else in the recipe changed. Reading,
+px, where 84 of the 90 epochs train (probe.rule.candidate_img), counts each stage's epochs at its image area (about
+400 s planned, a 20-s budget) and charges the candidates what they are expected to take rather than their whole
+shares of the budget (without that the demo's probe stopped choosing, probe_cost_demo_bcb3dd6). This run is
+det480_cli again (same command, same seeds, same sides) from the tree that does so; nothing else in the recipe
+changed. Reading,
 fixed in advance: its median ratio at `control_best` is the goal's figure (<= 0.5x meets it) and "never above 1.0x
 at a target the control reaches" is read as before. Beside det480_cli's 0.503x a difference under 0.05 is not read
 as an effect: a probe some 10 s shorter moves the ratio by about 0.03, inside the run-to-run spread (0.489-0.590), so
-the probe rule's seconds per repeat (expected 13-20 s against 24.0-28.5) and the choice (expected: 0 workers, batch
+the probe rule's seconds per repeat (expected 15-22 s against 24.0-28.5) and the choice (expected: 0 workers, batch
 16, as in det480_cli) are the run's measure of the change, and the time to the control's best is reported for the
 goal. Each stage's prediction ratio is reported beside det480_cli's (0.87-1.12): a probe with less time predicts
 from fewer steps. Expected before the run: 0.46-0.55x. Command: `python benchmarks/naive_vs_staged.py --datasets det

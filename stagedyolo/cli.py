@@ -184,7 +184,7 @@ def cmd_recipe(args) -> int:
         minutes=args.minutes,
         run=args.run,
     )
-    text = recipe_comment(override, args.epochs, boxes_need) + yaml.safe_dump(override, sort_keys=False)
+    text = recipe_comment(override, args.epochs, boxes_need, shipped) + yaml.safe_dump(override, sort_keys=False)
     if args.output:
         Path(args.output).write_text(text)
         print(f"stagedyolo recipe: wrote {args.output}", file=sys.stderr)

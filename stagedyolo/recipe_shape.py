@@ -17,9 +17,11 @@ recipe` writes it as a config override for your data.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from stagedyolo.recipe import stage_img
+from stagedyolo.yolov5_facts import MIN_WARMUP_ITERS, NOMINAL_BATCH
 
 # The smaller size as a share of the target: near half (docs/recipe.md, det: at a 480-px target phases at 256 reached
 # the control's best at 0.52x, at 224 at 0.57x; at a 320-px target, phases at 224 (half, raised to the boxes' need)
@@ -29,6 +31,7 @@ SMOKE_EPOCHS = 2
 FINAL_LR_FACTOR = 0.01  # the line ends at lr0/100, yolov5's default lrf
 # What the recipe sets in stage_defaults: yolov5's own optimizer and LR (its hyp.scratch-low.yaml for the rest).
 UNTUNED_DEFAULTS = {"optimizer": "SGD", "lr0": 0.01}
+COMMENT_WIDTH = 116  # the written file's comment lines, "# " included, stay within 120 columns
 
 
 def linear_lrf(epochs: list[int], final: float = FINAL_LR_FACTOR) -> list[float]:
@@ -143,9 +146,11 @@ def recipe_override(
     return override
 
 
-def recipe_comment(override: dict, total: int, boxes_need: int | None) -> str:
-    """The YAML comment above a written override: what it is, each stage's epochs and size, and how to run it."""
-    target = override["stage_defaults"]["img"]
+def recipe_comment(override: dict, total: int, boxes_need: int | None, shipped: dict) -> str:
+    """The YAML comment above a written override: what it is, each stage's epochs and size, what it keeps from
+    ``shipped`` (the base config it merges into), and how to run it."""
+    defaults, kept = override["stage_defaults"], shipped["stage_defaults"]
+    target = defaults["img"]
     lines = [
         "The staged recipe for",
         f"  {override['dataset']}",
@@ -159,9 +164,14 @@ def recipe_comment(override: dict, total: int, boxes_need: int | None) -> str:
             f" (raised from {configured}: the boxes need {boxes_need})" if trained > configured else ""
         )
         lines.append(f"  {name}: {stage['epochs']} epoch{'s' if stage['epochs'] != 1 else ''} at {size}")
-    lines.append("yolov5's own optimizer and hyp (SGD, lr0 0.01, hyp.scratch-low); edit anything below. nominal_batch")
-    lines.append("and min_warmup_iters stay as the base config sets them (config.yaml: 16 and 0, as measured on 160")
-    lines.append("images; yolov5's 64 and 100 suit a dataset of thousands: README, 'Train on your own data').")
+    nominal, warmup = kept.get("nominal_batch", NOMINAL_BATCH), kept.get("min_warmup_iters", MIN_WARMUP_ITERS)
+    lines += textwrap.wrap(
+        f"yolov5's own optimizer and hyp ({defaults['optimizer']}, lr0 {defaults['lr0']:g}, hyp.scratch-low); edit "
+        f"anything below. nominal_batch and min_warmup_iters stay as the base config sets them: {nominal} and "
+        f"{warmup} (yolov5's {NOMINAL_BATCH} and {MIN_WARMUP_ITERS} suit a dataset of thousands; less leaves a small "
+        "one more steps: README, 'Train on your own data').",
+        width=COMMENT_WIDTH,
+    )
     if not override["model"]["weights"]:
         lines.append(
             "model.weights is null: it trains from model.cfg; set a local .pt to start from pretrained weights."

@@ -1,6 +1,7 @@
 """The probe: the pipeline model and choosing rule on synthetic measurements, then one real run on a tiny demo."""
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from stagedyolo.probe.child import (
     model_runs_for,
 )
 from stagedyolo.probe.reuse import reuse_key, unmeasured
-from stagedyolo.probe.rule import candidate_img, plan_request
+from stagedyolo.probe.rule import candidate_img, epochs_at, plan_request
 from stagedyolo.probe.stages import STEADY_BASIS, compare_prediction, prediction_for
 from stagedyolo.probe.steady import MIN_TIMED_STEPS, MeasuringBudget
 from stagedyolo.recipe import probe_rerun_stages, probe_stage_specs, stage_names, stage_spec
@@ -140,6 +141,11 @@ def test_the_candidates_are_timed_at_the_size_most_of_the_training_runs_at():
     assert at((4, 240), (1, 480)) == 480  # equal areas: the larger size
     assert candidate_img({}, {}, largest=480) == 480  # no stages, no epochs: the largest size
     assert at((0, 256), (0, 480)) == 480
+    # The budget counts the planned training in epochs at the candidates' size: 84 at 256, 6 at 480 = 21.1 at 256.
+    det480 = {"smoke": 2, "frozen": 4, "finetune": 78, "highres": 6}
+    sizes = {name: {"img": 480 if name == "highres" else 256} for name in det480}
+    assert epochs_at(256, sizes, det480) == pytest.approx(84 + 6 * (480 / 256) ** 2)
+    assert epochs_at(256, {}, det480) == 90  # no stage sizes: the plain sum
 
 
 def test_the_candidates_size_counts_the_size_the_boxes_raise_a_phase_to(tmp_path):
@@ -161,17 +167,30 @@ def test_the_candidates_size_counts_the_size_the_boxes_raise_a_phase_to(tmp_path
     )
     request = plan_request(str(data), **plan)
     assert (request["img"], request["largest_img"]) == (128, 160)
+    assert request["planned_train_images"] == round((9 + 2 * (160 / 128) ** 2) * 4)  # 4 images, counted at 128 px
     raised = plan_request(str(data), boxes_need=160, **plan)  # every phase raised to the 160-px target
-    assert (raised["img"], raised["largest_img"]) == (160, 160)
+    assert (raised["img"], raised["largest_img"], raised["planned_train_images"]) == (160, 160, 11 * 4)
 
 
 def test_the_stage_loops_least_time_grows_with_their_image_area():
-    first = {"seconds": 2.0, "steps": 2, "batch": 16, "torch_threads": 2}  # 1 s a step at 256 px
-    floor = child.CandidateFloor(first, img=256, cuda=False)
+    first = {"seconds": 2.0, "steps": 2, "batch": 16, "torch_threads": 2, "images_per_s": 16.0}  # 1 s a step at 256
+    costs = child.RunCosts(first, {"img": 256, "min_steps": 10, "max_seconds": 3.0}, cuda=False)
     per_loop = MODEL_WARMUP_STEPS + MIN_TIMED_STEPS
-    assert floor.stages([256]) == pytest.approx(per_loop)
-    assert floor.stages([256, 512]) == pytest.approx(5 * per_loop)  # a 512-px loop: 4 steps' worth each
-    assert floor.stages([]) == 0
+    assert costs.stages([256]) == pytest.approx(per_loop)
+    assert costs.stages([256, 512]) == pytest.approx(5 * per_loop)  # a 512-px loop: 4 steps' worth each
+    assert costs.stages([]) == 0
+    # Expected: the warm-up, then min_steps steps but at most max_seconds of them (and never fewer than two).
+    assert costs.expected_stage_loops([256, 512]) == pytest.approx([MODEL_WARMUP_STEPS + 3.0, 4 * (2 + 2)])
+
+
+def test_a_loader_run_is_expected_to_stop_early_and_a_model_run_at_fewer_threads_to_take_longer():
+    first = {"seconds": 0.8, "steps": 2, "batch": 16, "torch_threads": 2, "images_per_s": 40.0}  # 0.4 s a step
+    costs = child.RunCosts(first, {"img": 128, "min_steps": 10, "max_seconds": 3.0, "loader_batch": 16}, cuda=False)
+    one_thread = {"batch": 16, "torch_threads": 1, "min_steps": 10}
+    assert costs.expected_model_run(one_thread, warmup_steps=1) == pytest.approx(0.8 + 3.0)  # its 10 steps > 3 s
+    batch_s = 16 / (child.LOADER_AMPLE_FACTOR * 40.0)  # a loader 3x the model's rate, where it stops
+    assert costs.expected_loader_run({"workers": 0}) == pytest.approx(11 * batch_s)  # 1 warm-up, 10 timed
+    assert costs.expected_loader_run({"workers": 2}) == pytest.approx((5 + 10) * batch_s)  # 2 queued per worker
 
 
 def test_nothing_usable_means_no_choice():
@@ -325,7 +344,9 @@ def cpu_request(seconds_left: float) -> dict:
         "batches": [16],
         "thread_counts": [2, 1],
         "min_steps": 10,
+        "max_seconds": 3.0,
         "img": 128,
+        "largest_img": 128,
         "threads": 2,
         "cores": 2,
         "loader_runs": [{"workers": w, "torch_threads": t} for w, t in ((0, 2), (1, 1), (2, 1))],
@@ -389,8 +410,10 @@ def measure_cpu(request: dict) -> dict:
 
 def test_after_the_first_model_run_each_part_of_the_rest_is_measured_only_where_it_pays(monkeypatch):
     """The demo's shape on 2 cores: 11 epochs of 256 images at the 40 images/s of the first model run is 70 s of
-    training. The four other candidates may save 20 % of it (14.1 s), more than their 9.8 s share of the ~14.7 s
-    left; the two stage loops, which make predictions only, may take 5 % (3.5 s), less than their 4.9 s."""
+    training. The four other candidates may save 20 % of it (14.1 s), more than the 7.7 s they are expected to take
+    (the 1-thread model run its 2.45-s share of the ~14.7 s left, the loaders 1.5-2 s each, stopping once they
+    deliver 3x the model's rate); the two stage loops, which make predictions only, may take 5 % (3.5 s), less than
+    their 4.9 s."""
     ran = fake_runs(monkeypatch, step_s=0.4)
     two_stages = cpu_request(seconds_left=15.0)
     two_stages["stages"]["b"] = {**two_stages["stages"]["a"], "freeze": 10}  # trains unlike a: a second loop
@@ -399,7 +422,7 @@ def test_after_the_first_model_run_each_part_of_the_rest_is_measured_only_where_
     payoff = measured["payoff"]
     assert (payoff["training_s"], payoff["at_images_per_s"]) == (70.4, 40.0)
     assert payoff["candidates"]["measured"] and payoff["candidates"]["worth_s"] == 14.1
-    assert payoff["candidates"]["runs"] == 4 and 9 < payoff["candidates"]["cost_s"] < 10
+    assert payoff["candidates"]["runs"] == 4 and 7.5 < payoff["candidates"]["cost_s"] < 8
     assert not payoff["stage_loops"]["measured"] and payoff["stage_loops"]["worth_s"] == 3.5
     assert payoff["stage_loops"]["runs"] == 2 and 4.5 < payoff["stage_loops"]["cost_s"] < 5
     assert measured["choice"] and measured["stage_runs"] == []  # measured settings, no predictions
@@ -429,16 +452,21 @@ def test_on_cuda_the_candidates_pay_unless_they_would_outlast_the_whole_training
     """A GPU that waits on its loader trains at a fraction of its rate, so on CUDA the choice may save all of it."""
     now = [5.0]
     budget = MeasuringBudget(deadline=15.0, runs=6, budget_s=15.0, planned_train_images=2816, clock=lambda: now[0])
-    assert budget.payoff(cuda=True, candidate_runs=3, loop_runs=2) is None  # no rate yet: nothing to judge by
+    up_to_shares = {"candidates": [math.inf] * 3, "stage_loops": [math.inf] * 2}  # each run takes its whole share
+    assert budget.payoff(cuda=True, expected=up_to_shares) is None  # no rate yet: nothing to judge by
     budget.note_rate(400.0)  # 7.04 s of training; 10 s left for 6 runs
-    on_gpu = budget.payoff(cuda=True, candidate_runs=3, loop_runs=2)
+    on_gpu = budget.payoff(cuda=True, expected=up_to_shares)
     assert on_gpu["candidates"]["measured"] and on_gpu["candidates"]["cost_s"] == 5.0
     assert not on_gpu["stage_loops"]["measured"] and on_gpu["stage_loops"]["worth_s"] == 0.4
-    assert not budget.payoff(cuda=False, candidate_runs=3, loop_runs=2)["candidates"]["measured"]  # 1.4 s < 5 s
+    assert not budget.payoff(cuda=False, expected=up_to_shares)["candidates"]["measured"]  # 1.4 s < 5 s
+    # Runs expected to end early are charged what they take, a longer one its share (10/6 s): 0.2 + 0.2 + 1.67.
+    quick = budget.payoff(cuda=False, expected={"candidates": [0.2, 0.2, 9.0], "stage_loops": [0.1, 0.1]})
+    assert quick["candidates"]["cost_s"] == 2.1 and quick["stage_loops"]["cost_s"] == 0.2
+    assert quick["stage_loops"]["measured"] and not quick["candidates"]["measured"]  # 0.4 s >= 0.2; 1.4 < 2.1
     budget.drop(2)  # the loops go with their share: the deadline moves 10 x 2/6 s nearer, the rest keep theirs
     assert budget.deadline == pytest.approx(15.0 - 10 * 2 / 6) and budget.runs_left == 4
     assert budget.next_deadline() == pytest.approx(5.0 + 10 / 6)
-    assert MeasuringBudget(deadline=None, runs=2, planned_train_images=2816).payoff(False, 1, 1) is None
+    assert MeasuringBudget(deadline=None, runs=2, planned_train_images=2816).payoff(False, up_to_shares) is None
 
 
 @pytest.mark.exclusive  # the rule's seconds are compared

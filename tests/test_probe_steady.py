@@ -128,7 +128,8 @@ def test_the_budget_grows_to_a_share_of_the_planned_training_at_the_fastest_rate
 
 def test_under_a_recipe_time_budget_the_planned_training_lasts_the_budget_whatever_the_rate():
     budget = MeasuringBudget(deadline=15.0, runs=4, budget_s=15.0, planned_train_images=1000, planned_training_s=600.0)
-    assert budget.training_s == 600.0 and budget.payoff(False, 1, 1) is None  # judged only once a rate is known
+    assert budget.training_s == 600.0
+    assert budget.payoff(False, {"candidates": [1.0], "stage_loops": [1.0]}) is None  # only once a rate is known
     budget.note_rate(100.0)  # 10 s of the planned epochs at this rate, but the stages will fill 600 s
     assert budget.allowed_s == 30.0  # 5 % of 600 s
     assert MeasuringBudget(deadline=15.0, runs=4, planned_train_images=1000).training_s == 0.0  # no rate yet

@@ -135,7 +135,7 @@ def measure_all(
     )
     warm = WarmShapes()
     model_runs, payoff = measure_model_candidates(
-        model, request, model_plan, device, budget, warm, loop_imgs, cuda, len(loader_plan)
+        model, request, model_plan, device, budget, warm, loop_imgs, cuda, loader_plan
     )
     if unpaid(payoff, "candidates"):
         loader_runs = [skipped(run, UNPAID_WHY) for run in loader_plan]
@@ -155,7 +155,8 @@ def measure_all(
                 create_dataloader, model, request, group, stride, device, engines, budget.next_deadline(), warmup_steps
             )
         )
-        budget.note_rate(stage_runs[-1]["images_per_s"])
+        rate = stage_runs[-1]["images_per_s"]  # in images at the candidates' size, as the budget counts them
+        budget.note_rate(rate and rate * (group["img"] / request["img"]) ** 2)
     return {
         **decision,
         "loader": loader_runs,
@@ -175,10 +176,10 @@ def measure_model_candidates(
     warm: WarmShapes,
     loop_imgs: list[int],
     cuda: bool,
-    loader_runs_planned: int = 0,
+    loader_plan: list[dict],
 ) -> tuple[list[dict], dict | None]:
     """The model runs of ``plan`` (model_runs_for), each skipped once it would leave the stage loops to come (one at
-    each of ``loop_imgs``) less than their least time (CandidateFloor); and, after the first (with
+    each of ``loop_imgs``) less than their least time (RunCosts); and, after the first (with
     probe.stop_when_unpaid), whether the other candidates and the stage loops pay (MeasuringBudget.payoff, returned as
     the second item; None when not judged).
     A part that does not pay is dropped from the budget with its share of the time: the runs after it skip."""
@@ -187,23 +188,31 @@ def measure_model_candidates(
         if unpaid(payoff, "candidates"):
             runs.append(skipped(run, UNPAID_WHY))
             continue
-        shape = (request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine"))
-        floor = CandidateFloor.of(runs, request["img"], cuda)
+        shape = model_shape(request, run, cuda)
+        costs = RunCosts.of(runs, request, cuda)
         loops = [] if unpaid(payoff, "stage_loops") else loop_imgs
-        if floor and not budget.affords(floor.model_run(run, warm.needed(*shape)), floor.stages(loops)):
+        if costs and not budget.affords(costs.model_run(run, warm.needed(*shape)), costs.stages(loops)):
             runs.append(skipped(run, "within the budget it would leave the stage loops less than their least time"))
             budget.skip()
             continue
         runs.append(measure_model_run(model, request, run, device, budget.next_deadline(), warm.steps(*shape)))
         budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
         if len(runs) == 1 and request.get("stop_when_unpaid", True):
-            payoff = judge_the_rest(budget, cuda, len(plan) - 1 + loader_runs_planned, len(loop_imgs))
+            costs = RunCosts.of(runs, request, cuda)
+            rest = costs and costs.expected_rest(request, plan[1:], loader_plan, loop_imgs, warm)
+            payoff = judge_the_rest(budget, cuda, rest)
     return runs, payoff
 
 
-def judge_the_rest(budget: MeasuringBudget, cuda: bool, candidate_runs: int, loop_runs: int) -> dict | None:
-    """MeasuringBudget.payoff for the runs still planned, each part that does not pay dropped from the budget."""
-    payoff = budget.payoff(cuda, candidate_runs, loop_runs)
+def model_shape(request: dict, run: dict, cuda: bool) -> tuple:
+    """A model run's step shape (WarmShapes): the candidates' size, its batch and autocast dtype, the engine."""
+    return request["img"], run["batch"], run["amp"] and cuda and "float16", request.get("engine")
+
+
+def judge_the_rest(budget: MeasuringBudget, cuda: bool, expected: dict | None) -> dict | None:
+    """MeasuringBudget.payoff for the runs still planned (``expected``: each one's seconds by part), each part that
+    does not pay dropped from the budget."""
+    payoff = budget.payoff(cuda, expected)
     for part in ("candidates", "stage_loops"):
         if unpaid(payoff, part):
             budget.drop(payoff[part]["runs"])
@@ -239,34 +248,70 @@ def skipped(run: dict, why: str) -> dict:
     return {**run, "status": "skipped", "message": f"not measured: {why}", "images_per_s": None}
 
 
-class CandidateFloor:
-    """The least time a run takes (its warm-up and MIN_TIMED_STEPS), estimated from the first model run's steady
-    step (at ``img``, the candidates' size), scaled by batch and on CPU by torch threads (as if a step's work were
-    spread evenly over them). A stage loop is counted at the first run's batch and threads, scaled by its image area,
-    with a full warm-up. Rough by design: it only decides whether a candidate run may still start, never what a run
-    measures."""
+class RunCosts:
+    """What a run still to come takes, from the first model run's steady step (at ``img``, the candidates' size,
+    via ``request``): its least time (warm-up and MIN_TIMED_STEPS), which decides whether a candidate may still
+    start, and its expected time (warm-up and min_steps, the timed part at most max_seconds), which the payoff charges
+    a part of the probe. A model run's step is scaled by batch and on CPU by torch threads (as if a step's work were
+    spread evenly over them); a stage loop's by its image area, at the first run's batch and threads, with a full
+    warm-up; a loader run is taken to deliver LOADER_AMPLE_FACTOR times the first run's rate, where it stops early
+    (a slower loader runs longer, up to its share, and then the choice is worth more). Rough by design: it decides
+    what may start and what is worth measuring, never what a run measures."""
 
-    def __init__(self, reference: dict, img: int, cuda: bool):
-        self.reference, self.img, self.cuda = reference, img, cuda
+    def __init__(self, reference: dict, request: dict, cuda: bool):
+        self.reference, self.cuda = reference, cuda
+        self.img, self.min_steps, self.max_seconds = request["img"], request["min_steps"], request["max_seconds"]
+        self.loader_batch = request.get("loader_batch") or reference["batch"]
         self.step_s = reference["seconds"] / reference["steps"]
 
     @classmethod
-    def of(cls, model_runs: list[dict], img: int, cuda: bool) -> CandidateFloor | None:
+    def of(cls, model_runs: list[dict], request: dict, cuda: bool) -> RunCosts | None:
         """From the first model run, once it has a steady figure (None before, or when it failed)."""
         first = model_runs[0] if model_runs else None
         usable = first and first["status"] == "ok" and first.get("steps") and first.get("seconds")
-        return cls(first, img, cuda) if usable else None
+        return cls(first, request, cuda) if usable else None
 
-    def model_run(self, run: dict, warmup_steps: int) -> float:
+    def _model_step_s(self, run: dict) -> float:
         scale = run["batch"] / self.reference["batch"]
         if not self.cuda:
             scale *= self.reference["torch_threads"] / run["torch_threads"]
-        return self.step_s * scale * (warmup_steps + MIN_TIMED_STEPS)
+        return self.step_s * scale
+
+    def _stage_step_s(self, img: int) -> float:
+        return self.step_s * (img / self.img) ** 2
+
+    def _expected(self, step_s: float, warmup_steps: int, min_steps: int) -> float:
+        timed = max(MIN_TIMED_STEPS * step_s, min(min_steps * step_s, self.max_seconds))
+        return warmup_steps * step_s + timed
+
+    def model_run(self, run: dict, warmup_steps: int) -> float:
+        """A model run's least time."""
+        return self._model_step_s(run) * (warmup_steps + MIN_TIMED_STEPS)
 
     def stages(self, imgs: list[int]) -> float:
-        """The stage loops at ``imgs``, one each."""
-        area = sum((img / self.img) ** 2 for img in imgs)
-        return area * self.step_s * (MODEL_WARMUP_STEPS + MIN_TIMED_STEPS)
+        """The least time of the stage loops at ``imgs``, one each."""
+        return sum(self._stage_step_s(img) * (MODEL_WARMUP_STEPS + MIN_TIMED_STEPS) for img in imgs)
+
+    def expected_model_run(self, run: dict, warmup_steps: int) -> float:
+        return self._expected(self._model_step_s(run), warmup_steps, run["min_steps"])
+
+    def expected_loader_run(self, run: dict) -> float:
+        batch_s = self.loader_batch / (LOADER_AMPLE_FACTOR * self.reference["images_per_s"])
+        return self._expected(batch_s, 1 + PREFETCH_PER_WORKER * run["workers"], self.min_steps)
+
+    def expected_stage_loops(self, imgs: list[int]) -> list[float]:
+        return [self._expected(self._stage_step_s(img), MODEL_WARMUP_STEPS, self.min_steps) for img in imgs]
+
+    def expected_rest(
+        self, request: dict, model_plan: list[dict], loader_plan: list[dict], loop_imgs: list[int], warm: WarmShapes
+    ) -> dict:
+        """Each run still planned, its expected seconds, by part of the probe (MeasuringBudget.payoff): the other
+        candidates (model and loader runs) and the stage loops."""
+        model_s = [
+            self.expected_model_run(run, warm.needed(*model_shape(request, run, self.cuda))) for run in model_plan
+        ]
+        loader_s = [self.expected_loader_run(run) for run in loader_plan]
+        return {"candidates": model_s + loader_s, "stage_loops": self.expected_stage_loops(loop_imgs)}
 
 
 class WarmShapes:

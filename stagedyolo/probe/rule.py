@@ -165,15 +165,17 @@ def plan_request(
     data_yaml = yaml.safe_load(Path(data).read_text(encoding="utf-8"))
     stages = stages or {}
     stage_requests = {name: _stage_request(spec, stage_defaults, boxes_need) for name, spec in stages.items()}
+    timed_img = candidate_img(stage_requests, planned_epochs or {}, int(img))  # img: the largest stage size
     data_list, train_images = write_subset(data_yaml, Path(data), work / "train_subset.txt")
     return {
         "data_list": str(data_list),
-        "planned_train_images": sum((planned_epochs or {}).values()) * train_images,  # the budget's TRAINING_SHARE
+        # The budget's TRAINING_SHARE: the planned images, each counted at the candidates' size by its area.
+        "planned_train_images": round(epochs_at(timed_img, stage_requests, planned_epochs or {}) * train_images),
         "planned_training_s": planned_training_s,  # recipe_minutes: the training's length whatever the rate
         "cache": None if cache_mode == "none" else cache_mode,
         "image_store": image_store if cache_mode == "ram" else None,
         "hyp": stage_hyp(stage_defaults["lr0"], stage_defaults.get("hyp") or {}),
-        "img": candidate_img(stage_requests, planned_epochs or {}, int(img)),
+        "img": timed_img,
         "largest_img": int(img),  # what the candidates' memory is judged at (choice.decide)
         # Loader throughput hardly depends on the batch (each worker builds whole batches); the default is typical.
         "loader_batch": _typical_batch(stage_defaults.get("batch"), settings["batch"]),
@@ -204,18 +206,31 @@ def plan_request(
 
 def candidate_img(stage_requests: dict, planned_epochs: dict[str, int], largest: int) -> int:
     """The size the candidates (loader and model runs) are timed at: the stage size, as trained, that carries most
-    of the planned training, counted as epochs x img^2 (a step's cost grows with its image area), the larger of
-    equals; ``largest`` without stages or epochs. The one choice serves every stage, and it pays where the training
-    spends its time: at half the size a step takes about a quarter as long while the loader's work per image hardly
-    changes, so a worker count that keeps up with the largest size may starve the phases below it (det at 480 px:
-    84 of 90 epochs at 256)."""
-    area_epochs: dict[int, int] = {}
+    of the planned training (area_epochs), the larger of equals; ``largest`` without stages or epochs. The one choice
+    serves every stage, and it pays where the training spends its time: at half the size a step takes about a
+    quarter as long while the loader's work per image hardly changes, so a worker count that keeps up with the
+    largest size may starve the phases below it (det at 480 px: 84 of 90 epochs at 256)."""
+    by_img = area_epochs(stage_requests, planned_epochs)
+    if not any(by_img.values()):
+        return largest
+    return max(by_img, key=lambda img: (by_img[img], img))
+
+
+def area_epochs(stage_requests: dict, planned_epochs: dict[str, int]) -> dict[int, int]:
+    """Each stage size's planned epochs x img^2: a step's cost grows with its image area."""
+    by_img: dict[int, int] = {}
     for name, spec in stage_requests.items():
         img = spec["img"]
-        area_epochs[img] = area_epochs.get(img, 0) + planned_epochs.get(name, 0) * img**2
-    if not any(area_epochs.values()):
-        return largest
-    return max(area_epochs, key=lambda img: (area_epochs[img], img))
+        by_img[img] = by_img.get(img, 0) + planned_epochs.get(name, 0) * img**2
+    return by_img
+
+
+def epochs_at(img: int, stage_requests: dict, planned_epochs: dict[str, int]) -> float:
+    """The planned epochs, each counted at ``img`` by its image area: the planned training in epochs at the
+    candidates' size, whose rate the budget knows first (det at 480 px: 78 + 4 + 2 at 256 and 6 at 480 are 105
+    epochs at 256). The plain sum where no stage has a size."""
+    by_img = area_epochs(stage_requests, planned_epochs)
+    return sum(by_img.values()) / img**2 if by_img else float(sum(planned_epochs.values()))
 
 
 def _stage_request(spec: dict, stage_defaults: dict, boxes_need: int | None) -> dict:

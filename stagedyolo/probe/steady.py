@@ -87,22 +87,23 @@ class MeasuringBudget:
         deadline with ``reserve_s`` left for the measurements that must follow it. Always true without a budget."""
         return self.deadline is None or self.clock() + floor_s + reserve_s <= self.deadline
 
-    def payoff(self, cuda: bool, candidate_runs: int, loop_runs: int) -> dict | None:
+    def payoff(self, cuda: bool, expected: dict[str, list[float]] | None) -> dict | None:
         """Whether each part of the rest of the probe pays for itself, once a rate is known: the candidate runs may
         save CHOICE_GAIN of the planned training (``training_s``; under a time budget, as epochs); the stage
         loops make only the predictions, which save no training time, so they may cost TRAINING_SHARE of it, the share
-        the budget grants the probe. A part's cost is its runs' equal shares of the time left, as next_deadline spends
-        it: an upper bound, since a run that is steady early ends early. None without a budget, a planned training or
-        a rate."""
+        the budget grants the probe. ``expected``: each part's runs ("candidates", "stage_loops"), each one's expected
+        seconds (child.RunCosts: its warm-up and min_steps; a loader stopping early); a part's cost is their sum, each
+        at most the equal share of the time left that next_deadline would give it. None without a budget, a planned
+        training, a rate or the expected seconds."""
         training_s = self.training_s
-        if self.deadline is None or training_s <= 0 or self.fastest <= 0:
+        if self.deadline is None or training_s <= 0 or self.fastest <= 0 or expected is None:
             return None
-        left_s = max(self.deadline - self.clock(), 0.0)
+        share_s = max(self.deadline - self.clock(), 0.0) / max(self.runs_left, 1)
 
-        def part(worth_s: float, runs: int) -> dict:
-            cost_s = left_s * runs / max(self.runs_left, 1)
+        def part(worth_s: float, run_s: list[float]) -> dict:
+            cost_s = sum(min(share_s, s) for s in run_s)
             return {
-                "runs": runs,
+                "runs": len(run_s),
                 "worth_s": round(worth_s, 1),
                 "cost_s": round(cost_s, 1),
                 "measured": worth_s >= cost_s,
@@ -112,8 +113,8 @@ class MeasuringBudget:
             "training_s": round(training_s, 1),
             "at_images_per_s": round(self.fastest, 3),
             "training_from": "recipe_minutes" if self.planned_training_s else "the planned epochs",
-            "candidates": {**part(CHOICE_GAIN[cuda] * training_s, candidate_runs), "share": CHOICE_GAIN[cuda]},
-            "stage_loops": {**part(TRAINING_SHARE * training_s, loop_runs), "share": TRAINING_SHARE},
+            "candidates": {**part(CHOICE_GAIN[cuda] * training_s, expected["candidates"]), "share": CHOICE_GAIN[cuda]},
+            "stage_loops": {**part(TRAINING_SHARE * training_s, expected["stage_loops"]), "share": TRAINING_SHARE},
         }
 
     def drop(self, runs: int) -> None:
