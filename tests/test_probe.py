@@ -174,7 +174,7 @@ def test_the_candidates_size_counts_the_size_the_boxes_raise_a_phase_to(tmp_path
 
 def test_the_stage_loops_least_time_grows_with_their_image_area():
     first = {"seconds": 2.0, "steps": 2, "batch": 16, "torch_threads": 2, "images_per_s": 16.0}  # 1 s a step at 256
-    costs = child.RunCosts(first, {"img": 256, "min_steps": 10, "max_seconds": 3.0}, cuda=False)
+    costs = child.RunCosts(first, {"img": 256, "min_steps": 10, "max_seconds": 3.0, "loader_batch": 16}, cuda=False)
     per_loop = MODEL_WARMUP_STEPS + MIN_TIMED_STEPS
     assert costs.stages([256]) == pytest.approx(per_loop)
     assert costs.stages([256, 512]) == pytest.approx(5 * per_loop)  # a 512-px loop: 4 steps' worth each
@@ -347,6 +347,7 @@ def cpu_request(seconds_left: float) -> dict:
         "max_seconds": 3.0,
         "img": 128,
         "largest_img": 128,
+        "loader_batch": 16,
         "threads": 2,
         "cores": 2,
         "loader_runs": [{"workers": w, "torch_threads": t} for w, t in ((0, 2), (1, 1), (2, 1))],

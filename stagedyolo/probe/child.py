@@ -199,7 +199,7 @@ def measure_model_candidates(
         budget.note_rate(runs[-1]["images_per_s"])  # may lengthen the budget for the runs after it
         if len(runs) == 1 and request.get("stop_when_unpaid", True):
             costs = RunCosts.of(runs, request, cuda)
-            rest = costs and costs.expected_rest(request, plan[1:], loader_plan, loop_imgs, warm)
+            rest = costs and costs.expected_rest(plan[1:], loader_plan, loop_imgs, warm)
             payoff = judge_the_rest(budget, cuda, rest)
     return runs, payoff
 
@@ -259,9 +259,8 @@ class RunCosts:
     what may start and what is worth measuring, never what a run measures."""
 
     def __init__(self, reference: dict, request: dict, cuda: bool):
-        self.reference, self.cuda = reference, cuda
+        self.reference, self.request, self.cuda = reference, request, cuda
         self.img, self.min_steps, self.max_seconds = request["img"], request["min_steps"], request["max_seconds"]
-        self.loader_batch = request.get("loader_batch") or reference["batch"]
         self.step_s = reference["seconds"] / reference["steps"]
 
     @classmethod
@@ -296,19 +295,19 @@ class RunCosts:
         return self._expected(self._model_step_s(run), warmup_steps, run["min_steps"])
 
     def expected_loader_run(self, run: dict) -> float:
-        batch_s = self.loader_batch / (LOADER_AMPLE_FACTOR * self.reference["images_per_s"])
+        batch_s = self.request["loader_batch"] / (LOADER_AMPLE_FACTOR * self.reference["images_per_s"])
         return self._expected(batch_s, 1 + PREFETCH_PER_WORKER * run["workers"], self.min_steps)
 
     def expected_stage_loops(self, imgs: list[int]) -> list[float]:
         return [self._expected(self._stage_step_s(img), MODEL_WARMUP_STEPS, self.min_steps) for img in imgs]
 
     def expected_rest(
-        self, request: dict, model_plan: list[dict], loader_plan: list[dict], loop_imgs: list[int], warm: WarmShapes
+        self, model_plan: list[dict], loader_plan: list[dict], loop_imgs: list[int], warm: WarmShapes
     ) -> dict:
         """Each run still planned, its expected seconds, by part of the probe (MeasuringBudget.payoff): the other
         candidates (model and loader runs) and the stage loops."""
         model_s = [
-            self.expected_model_run(run, warm.needed(*model_shape(request, run, self.cuda))) for run in model_plan
+            self.expected_model_run(run, warm.needed(*model_shape(self.request, run, self.cuda))) for run in model_plan
         ]
         loader_s = [self.expected_loader_run(run) for run in loader_plan]
         return {"candidates": model_s + loader_s, "stage_loops": self.expected_stage_loops(loop_imgs)}

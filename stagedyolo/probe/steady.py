@@ -45,7 +45,8 @@ class MeasuringBudget:
     is left when it starts, so one that ends early (stable, or a loader that is plainly fast enough) leaves its
     unused time to the later ones. ``budget_s``: the seconds the deadline allows from the probe's start, which
     ``note_rate`` lengthens to TRAINING_SHARE of the planned training when that is longer. The planned training is
-    ``planned_train_images`` at the fastest rate measured, or ``planned_training_s`` where the recipe has a time
+    ``planned_train_images`` (each counted at the candidates' size by its image area, probe.rule.epochs_at) at the
+    fastest rate measured in those units, or ``planned_training_s`` where the recipe has a time
     budget (recipe_minutes): the stages then train as many epochs as fill it, so the rate changes their epochs,
     not its length.
     """
