@@ -83,7 +83,9 @@ def test_every_stage_reports_the_probes_prediction_beside_its_measured_steady_ra
     tuning = json.loads((run / "probe" / "tuning.json").read_text())
     assert set(tuning["stages"]) == set(STAGES)
     request = json.loads((run / "probe" / "probe_work" / "request.json").read_text())
-    assert request["planned_train_images"] == (1 + 2 + 2 + 1) * 32  # every stage's epochs x the training images
+    # The candidates are timed at 64 px, where 5 of the 6 epochs train; the budget counts the 96-px epoch by its area.
+    assert (request["img"], request["largest_img"]) == (64, 96)
+    assert request["planned_train_images"] == round((1 + 2 + 2 + (96 / 64) ** 2) * 32)
     # smoke and finetune train alike (64 px, nothing frozen), frozen and highres differ: three loops were measured
     assert sorted(sorted(group["stages"]) for group in tuning["measurements"]["stages"]) == [
         ["finetune", "smoke"],
