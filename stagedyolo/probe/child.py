@@ -25,6 +25,7 @@ from stagedyolo.probe.steady import (
     MODEL_WARMUP_STEPS,
     SEEN_SHAPE_WARMUP_STEPS,
     MeasuringBudget,
+    area_ratio,
     time_steady,
     unpaid,
 )
@@ -156,7 +157,7 @@ def measure_all(
             )
         )
         rate = stage_runs[-1]["images_per_s"]  # in images at the candidates' size, as the budget counts them
-        budget.note_rate(rate and rate * (group["img"] / request["img"]) ** 2)
+        budget.note_rate(rate and rate * area_ratio(group["img"], request["img"]))
     return {
         **decision,
         "loader": loader_runs,
@@ -277,7 +278,7 @@ class RunCosts:
         return self.step_s * scale
 
     def _stage_step_s(self, img: int) -> float:
-        return self.step_s * (img / self.img) ** 2
+        return self.step_s * area_ratio(img, self.img)
 
     def _expected(self, step_s: float, warmup_steps: int, min_steps: int) -> float:
         timed = max(MIN_TIMED_STEPS * step_s, min(min_steps * step_s, self.max_seconds))
@@ -296,7 +297,7 @@ class RunCosts:
 
     def expected_loader_run(self, run: dict) -> float:
         batch_s = self.request["loader_batch"] / (LOADER_AMPLE_FACTOR * self.reference["images_per_s"])
-        return self._expected(batch_s, 1 + PREFETCH_PER_WORKER * run["workers"], self.min_steps)
+        return self._expected(batch_s, loader_warmup_steps(run["workers"]), self.min_steps)
 
     def expected_stage_loops(self, imgs: list[int]) -> list[float]:
         return [self._expected(self._stage_step_s(img), MODEL_WARMUP_STEPS, self.min_steps) for img in imgs]
@@ -438,6 +439,11 @@ class StepEngines:
         }
 
 
+def loader_warmup_steps(workers: int) -> int:
+    """A loader run's untimed batches: the first, and those the workers queued meanwhile, which arrive at once."""
+    return 1 + PREFETCH_PER_WORKER * workers
+
+
 def measure_loader_run(
     create_dataloader, request: dict, run: dict, stride: int, ample_images_per_s: float, deadline: float | None
 ) -> dict:
@@ -453,7 +459,7 @@ def measure_loader_run(
     batches = _endless(loader)
     measured = time_steady(
         lambda: next(batches)[0].shape[0],  # noqa: F821 (bound above; deleted only after the timing)
-        warmup_steps=1 + PREFETCH_PER_WORKER * loader.num_workers,
+        warmup_steps=loader_warmup_steps(loader.num_workers),
         min_steps=request["min_steps"],
         stable_within=request["stable_within"],
         max_seconds=request["max_seconds"],

@@ -10,6 +10,7 @@ The training loop is a two-stage pipeline: dataloader workers prepare batches wh
 from __future__ import annotations
 
 from stagedyolo.engine.amp import amp_verdict
+from stagedyolo.probe.steady import area_ratio
 
 TIE_TOLERANCE = 0.03  # within 3 % of the best, a smaller batch wins (less memory, closer to the nominal recipe)
 
@@ -116,7 +117,7 @@ def decide(
     measured clearly slower) and the choice among the candidates at that AMP setting."""
     fraction = request["max_memory_fraction"]
     limit = int(gpu_total_memory_bytes * fraction) if cuda and gpu_total_memory_bytes else None
-    scale = max(1.0, (request["largest_img"] / request["img"]) ** 2)  # timed below the largest stage size
+    scale = max(1.0, area_ratio(request["largest_img"], request["img"]))  # timed below the largest stage size
     candidates = combine(
         loader_runs,
         model_runs,

@@ -139,6 +139,12 @@ class MeasuringBudget:
         return now + share
 
 
+def area_ratio(img: int, at: int) -> float:
+    """How many images at ``at`` px one image at ``img`` px costs: a step's cost grows with its image area (the
+    candidates' size is the probe's unit for steps, memory and the planned training)."""
+    return (img / at) ** 2
+
+
 def unpaid(payoff: dict | None, part: str) -> bool:
     """Whether ``part`` of the probe ("candidates" or "stage_loops") was judged not to pay (MeasuringBudget.payoff)
     and so not measured."""
